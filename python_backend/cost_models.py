@@ -1,0 +1,210 @@
+"""Cost models for the batch planner.
+
+A cost model prices one forward of ``num_rows`` rows padded to ``padded_length`` tokens, in
+token-units: the time of one forward divided by the time of one real token processed in a large
+batch. Only relative costs matter to the planner, so any consistent unit is exact; token-units keep
+the numbers readable (an overhead of 512 means "one forward's fixed cost is worth 512 padded
+tokens").
+
+Every model here is a frozen, hashable dataclass: the planner caches per-model tables (cost rows
+and the best split of identical rows) keyed by the model itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_OVERHEAD_TOKENS = 512.0
+OVERHEAD_ENV_VAR = "PLANNER_OVERHEAD_TOKENS"
+
+
+class CostModel(Protocol):
+    """Anything that prices a forward by (group size, padded length) only."""
+
+    def cost(self, num_rows: int, padded_length: int) -> float: ...
+
+
+def cost_row(model: CostModel, padded_length: int, max_rows: int) -> np.ndarray:
+    """Costs of forwards of 0..max_rows rows at ``padded_length``: shape [max_rows + 1].
+
+    Index 0 is 0 (an empty forward costs nothing); the planner never uses it as a group.
+    """
+    vectorised = getattr(model, "cost_row", None)
+    if vectorised is not None:
+        row = np.asarray(vectorised(padded_length, max_rows), dtype=np.float64)
+    else:
+        row = np.array(
+            [0.0] + [float(model.cost(b, padded_length)) for b in range(1, max_rows + 1)],
+            dtype=np.float64,
+        )
+    if row.shape != (max_rows + 1,) or not np.all(np.isfinite(row[1:])) or np.any(row[1:] < 0):
+        raise ValueError(
+            f"cost model {model!r} gave invalid costs at padded_length={padded_length}: "
+            "every cost must be finite and non-negative"
+        )
+    return row
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """``overhead_tokens + num_rows * padded_length``: fixed cost per forward plus padded tokens."""
+
+    overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.overhead_tokens) or self.overhead_tokens < 0:
+            raise ValueError(f"overhead_tokens must be finite and >= 0, got {self.overhead_tokens}")
+
+    def cost(self, num_rows: int, padded_length: int) -> float:
+        return self.overhead_tokens + num_rows * padded_length
+
+    def affine_row(self, padded_length: int) -> tuple[float, float]:
+        """(overhead, cost per row) at this length: the planner's closed forms use it."""
+        return float(self.overhead_tokens), float(padded_length)
+
+    def cost_row(self, padded_length: int, max_rows: int) -> np.ndarray:
+        row = self.overhead_tokens + np.arange(max_rows + 1, dtype=np.float64) * padded_length
+        row[0] = 0.0
+        return row
+
+    @classmethod
+    def from_env(cls, default: float = DEFAULT_OVERHEAD_TOKENS) -> LinearCost:
+        """The default linear model, with ``PLANNER_OVERHEAD_TOKENS`` overriding the overhead."""
+        return cls(overhead_from_env(default))
+
+
+def overhead_from_env(default: float) -> float:
+    """``PLANNER_OVERHEAD_TOKENS`` when set (a clear error when it is not a number), else default."""
+    raw = os.environ.get(OVERHEAD_ENV_VAR)
+    if raw is None or raw.strip() == "":
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{OVERHEAD_ENV_VAR} must be a number of tokens, got {raw!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{OVERHEAD_ENV_VAR} must be finite and >= 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """Forward times measured on a grid of (batch size, bucket length), in token-units.
+
+    - ``lengths``: measured padded lengths, ascending (the bucket lengths).
+    - ``batch_sizes``: measured batch sizes, ascending, starting at 1.
+    - ``times_us[i][j]``: median forward time at ``lengths[i]`` x ``batch_sizes[j]``; NaN where the
+      engine does not take that batch at that length.
+    - ``us_per_token``: the unit: time of one token in a full batch, so costs read as tokens.
+    - ``captured_batch_sizes``: batch sizes the engine really runs (CUDA graphs); a forward of B
+      rows costs what the smallest captured size >= B costs. Empty: every size runs as itself.
+
+    Between measured points the time is interpolated linearly in B and in T; because every bucket
+    length is measured, attention's faster-than-linear growth in T is in the table itself. Past the
+    last measured point the last segment is extended (batch sizes), or scaled by the last measured
+    time per token (lengths above the last bucket).
+    """
+
+    lengths: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    times_us: tuple[tuple[float, ...], ...]
+    us_per_token: float
+    captured_batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.lengths or list(self.lengths) != sorted(set(self.lengths)):
+            raise ValueError("MeasuredCost.lengths must be non-empty, ascending and distinct")
+        if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)):
+            raise ValueError("MeasuredCost.batch_sizes must be non-empty, ascending and distinct")
+        if self.batch_sizes[0] < 1 or self.lengths[0] < 1:
+            raise ValueError("MeasuredCost batch sizes and lengths must be >= 1")
+        if len(self.times_us) != len(self.lengths) or any(
+            len(r) != len(self.batch_sizes) for r in self.times_us
+        ):
+            raise ValueError("MeasuredCost.times_us must have shape [len(lengths), len(batch_sizes)]")
+        for length, row in zip(self.lengths, self.times_us):
+            if not np.isfinite(row[0]) or row[0] <= 0:
+                raise ValueError(f"MeasuredCost needs a positive time at batch 1, length {length}")
+        if not self.us_per_token > 0:
+            raise ValueError("MeasuredCost.us_per_token must be > 0")
+        if list(self.captured_batch_sizes) != sorted(set(self.captured_batch_sizes)):
+            raise ValueError("MeasuredCost.captured_batch_sizes must be ascending and distinct")
+
+    def _time_at_length_index(self, i: int, batch: float) -> float:
+        row = np.asarray(self.times_us[i], dtype=np.float64)
+        sizes = np.asarray(self.batch_sizes, dtype=np.float64)
+        ok = np.isfinite(row)
+        row, sizes = row[ok], sizes[ok]
+        if len(sizes) == 1:
+            return float(row[0] * batch / sizes[0])
+        if batch <= sizes[-1]:
+            return float(np.interp(batch, sizes, row))
+        slope = (row[-1] - row[-2]) / (sizes[-1] - sizes[-2])
+        return float(row[-1] + max(slope, 0.0) * (batch - sizes[-1]))
+
+    def time_us(self, num_rows: int, padded_length: int) -> float:
+        """Interpolated forward time of ``num_rows`` rows at ``padded_length``."""
+        batch = float(self._run_batch(num_rows))
+        lengths = self.lengths
+        if padded_length >= lengths[-1]:
+            top = self._time_at_length_index(len(lengths) - 1, batch)
+            return top * padded_length / lengths[-1]
+        if padded_length <= lengths[0]:
+            return self._time_at_length_index(0, batch) * padded_length / lengths[0]
+        hi = bisect.bisect_left(lengths, padded_length)
+        lo = hi - 1
+        t_lo = self._time_at_length_index(lo, batch)
+        t_hi = self._time_at_length_index(hi, batch)
+        w = (padded_length - lengths[lo]) / (lengths[hi] - lengths[lo])
+        return t_lo + w * (t_hi - t_lo)
+
+    def _run_batch(self, num_rows: int) -> int:
+        captured = self.captured_batch_sizes
+        if not captured or num_rows > captured[-1]:
+            return num_rows
+        return captured[bisect.bisect_left(captured, num_rows)]
+
+    def cost(self, num_rows: int, padded_length: int) -> float:
+        return self.time_us(num_rows, padded_length) / self.us_per_token
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": "measured",
+            "lengths": list(self.lengths),
+            "batch_sizes": list(self.batch_sizes),
+            "times_us": [[None if not np.isfinite(t) else t for t in r] for r in self.times_us],
+            "us_per_token": self.us_per_token,
+            "captured_batch_sizes": list(self.captured_batch_sizes),
+        }
+
+
+def cost_model_from_dict(data: dict[str, object]) -> CostModel:
+    """Reads a cost model stored in a manifest (see ``to_dict`` / ``linear_to_dict``)."""
+    kind = data.get("kind")
+    if kind == "linear":
+        return LinearCost(float(data["overhead_tokens"]))  # type: ignore[arg-type]
+    if kind == "measured":
+        times = tuple(
+            tuple(float("nan") if t is None else float(t) for t in row)
+            for row in data["times_us"]  # type: ignore[attr-defined]
+        )
+        return MeasuredCost(
+            lengths=tuple(int(x) for x in data["lengths"]),  # type: ignore[attr-defined]
+            batch_sizes=tuple(int(x) for x in data["batch_sizes"]),  # type: ignore[attr-defined]
+            times_us=times,
+            us_per_token=float(data["us_per_token"]),  # type: ignore[arg-type]
+            captured_batch_sizes=tuple(
+                int(x)
+                for x in data.get("captured_batch_sizes", ())  # type: ignore[attr-defined]
+            ),
+        )
+    raise ValueError(f"cost_model.kind must be 'linear' or 'measured', got {kind!r}")
+
+
+def linear_to_dict(model: LinearCost) -> dict[str, object]:
+    return {"kind": "linear", "overhead_tokens": model.overhead_tokens}

@@ -1,0 +1,10 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# CI runs on two shared cores: bounded examples, no deadline (timing belongs in benchmarks)
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
