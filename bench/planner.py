@@ -20,14 +20,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from python_backend.cost_models import LinearCost, MeasuredCost  # noqa: E402
-from python_backend.planner import (  # noqa: E402
+from python_backend.cost_models import LinearCost, MeasuredCost
+from python_backend.planner import (
     padding_efficiency,
     per_bucket_groups,
     plan_batches,
     plan_cost,
 )
-from tests.unit.planner_reference import reference_plan  # noqa: E402
+from tests.unit.planner_reference import reference_plan
 
 BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 MAX_LENGTH = 512

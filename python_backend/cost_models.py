@@ -79,7 +79,7 @@ class LinearCost:
 
 
 def overhead_from_env(default: float) -> float:
-    """``PLANNER_OVERHEAD_TOKENS`` when set (a clear error when it is not a number), else default."""
+    """``PLANNER_OVERHEAD_TOKENS`` when set (an error when it is not a number), else default."""
     raw = os.environ.get(OVERHEAD_ENV_VAR)
     if raw is None or raw.strip() == "":
         return float(default)
@@ -126,8 +126,10 @@ class MeasuredCost:
         if len(self.times_us) != len(self.lengths) or any(
             len(r) != len(self.batch_sizes) for r in self.times_us
         ):
-            raise ValueError("MeasuredCost.times_us must have shape [len(lengths), len(batch_sizes)]")
-        for length, row in zip(self.lengths, self.times_us):
+            raise ValueError(
+                "MeasuredCost.times_us must have shape [len(lengths), len(batch_sizes)]"
+            )
+        for length, row in zip(self.lengths, self.times_us, strict=True):
             if not np.isfinite(row[0]) or row[0] <= 0:
                 raise ValueError(f"MeasuredCost needs a positive time at batch 1, length {length}")
         if not self.us_per_token > 0:

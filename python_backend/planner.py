@@ -159,9 +159,9 @@ class _RunSplitTable:
             # overhead + m*a per group: ceil(r / cap) forwards is optimal and the largest first
             # group is min(r, cap); closed form, same ties as the loop below.
             overhead, per_row = self.affine
-            r = np.arange(have, num_rows + 1)
-            best[have:] = -(-r // cap) * overhead + r * per_row
-            first[have:] = np.minimum(r, cap)
+            sizes = np.arange(have, num_rows + 1)
+            best[have:] = -(-sizes // cap) * overhead + sizes * per_row
+            first[have:] = np.minimum(sizes, cap)
             self.best, self.first = best, first
             return
         for r in range(have, num_rows + 1):
@@ -208,7 +208,7 @@ def _split_table(cost: CostModel, padded_length: int, cap: int) -> _RunSplitTabl
 
 
 def _plan_segment(runs: list[_Run], cost: CostModel) -> list[tuple[int, int, int]]:
-    """Exact DP over one segment; returns groups as (padded_length, start, stop) sorted positions."""
+    """Exact DP over one segment: groups as (padded_length, start, stop) in sorted positions."""
     starts = [0]
     for run in runs:
         starts.append(starts[-1] + len(run.rows))

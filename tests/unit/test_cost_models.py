@@ -61,7 +61,7 @@ def test_cost_models_round_trip_through_a_manifest_dict():
 
 
 def test_unknown_cost_kind_is_named_in_the_error():
-    with pytest.raises(ValueError, match="cost_model.kind"):
+    with pytest.raises(ValueError, match=r"cost_model\.kind"):
         cost_model_from_dict({"kind": "quadratic"})
 
 

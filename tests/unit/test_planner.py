@@ -35,10 +35,11 @@ def measured_cost_strategy() -> st.SearchStrategy[MeasuredCost]:
         lengths = (16, 64, 256)
         sizes = (1, 4, 16, 64)
         times = tuple(
-            tuple(base + per_token * b * t + attn * b * t * t / 256 for b in sizes)
-            for t in lengths
+            tuple(base + per_token * b * t + attn * b * t * t / 256 for b in sizes) for t in lengths
         )
-        return MeasuredCost(lengths, sizes, times, per_token, (1, 2, 4, 8, 16, 32) if captured else ())
+        return MeasuredCost(
+            lengths, sizes, times, per_token, (1, 2, 4, 8, 16, 32) if captured else ()
+        )
 
     return st.builds(
         build,
@@ -108,7 +109,9 @@ def test_zero_overhead_gives_exactly_the_per_bucket_grouping(b, lengths, max_bat
     assert plan_batches(lengths, cost=LinearCost(0), **args) == per_bucket_groups(lengths, **args)
 
 
-@given(buckets_strategy(max_len=600), lengths_strategy(max_rows=120), st.integers(1, 64), cost_strategy)
+@given(
+    buckets_strategy(max_len=600), lengths_strategy(max_rows=120), st.integers(1, 64), cost_strategy
+)
 def test_fast_dp_agrees_with_reference_dp(b, lengths, max_batch, cost):
     args = plan_inputs(b, max_batch)
     fast = plan_batches(lengths, cost=cost, **args)
@@ -217,7 +220,9 @@ def test_a_long_row_beside_many_short_ones_does_not_drag_them_to_its_length():
     lengths = [250] + [8] * 63
     groups = plan_batches(lengths, cost=LinearCost(512), **plan_inputs(b, 64))
     assert groups == [(256, [0]), (16, list(range(1, 64)))]
-    assert padding_efficiency(lengths, groups) > 10 * padding_efficiency(lengths, [(256, list(range(64)))])
+    assert padding_efficiency(lengths, groups) > 10 * padding_efficiency(
+        lengths, [(256, list(range(64)))]
+    )
 
 
 @pytest.mark.parametrize(
