@@ -185,11 +185,63 @@ class MeasuredCost:
         }
 
 
+@dataclass(frozen=True)
+class BucketAffineCost:
+    """``overhead + num_rows * row_cost(T)``: a fit of measured forward times, in token-units.
+
+    ``row_cost`` is measured at each bucket length (so attention's faster-than-linear growth in T
+    is in it), interpolated linearly between them and scaled per token above the last one. Being
+    affine in the number of rows, it keeps the planner on its closed-form path.
+    """
+
+    overhead_tokens: float
+    lengths: tuple[int, ...]
+    row_costs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.overhead_tokens) or self.overhead_tokens < 0:
+            raise ValueError(f"overhead_tokens must be finite and >= 0, got {self.overhead_tokens}")
+        if not self.lengths or list(self.lengths) != sorted(set(self.lengths)):
+            raise ValueError("BucketAffineCost.lengths must be non-empty, ascending and distinct")
+        if len(self.row_costs) != len(self.lengths) or not all(
+            np.isfinite(c) and c > 0 for c in self.row_costs
+        ):
+            raise ValueError("BucketAffineCost.row_costs must be one positive cost per length")
+
+    def row_cost(self, padded_length: int) -> float:
+        lengths = self.lengths
+        if padded_length >= lengths[-1]:
+            return self.row_costs[-1] * padded_length / lengths[-1]
+        if padded_length <= lengths[0]:
+            return self.row_costs[0] * padded_length / lengths[0]
+        return float(np.interp(padded_length, lengths, self.row_costs))
+
+    def affine_row(self, padded_length: int) -> tuple[float, float]:
+        return float(self.overhead_tokens), self.row_cost(padded_length)
+
+    def cost(self, num_rows: int, padded_length: int) -> float:
+        return self.overhead_tokens + num_rows * self.row_cost(padded_length)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": "affine",
+            "overhead_tokens": self.overhead_tokens,
+            "lengths": list(self.lengths),
+            "row_costs": list(self.row_costs),
+        }
+
+
 def cost_model_from_dict(data: dict[str, object]) -> CostModel:
     """Reads a cost model stored in a manifest (see ``to_dict`` / ``linear_to_dict``)."""
     kind = data.get("kind")
     if kind == "linear":
         return LinearCost(float(data["overhead_tokens"]))  # type: ignore[arg-type]
+    if kind == "affine":
+        return BucketAffineCost(
+            overhead_tokens=float(data["overhead_tokens"]),  # type: ignore[arg-type]
+            lengths=tuple(int(x) for x in data["lengths"]),  # type: ignore[attr-defined]
+            row_costs=tuple(float(x) for x in data["row_costs"]),  # type: ignore[attr-defined]
+        )
     if kind == "measured":
         times = tuple(
             tuple(float("nan") if t is None else float(t) for t in row)
@@ -205,7 +257,7 @@ def cost_model_from_dict(data: dict[str, object]) -> CostModel:
                 for x in data.get("captured_batch_sizes", ())  # type: ignore[attr-defined]
             ),
         )
-    raise ValueError(f"cost_model.kind must be 'linear' or 'measured', got {kind!r}")
+    raise ValueError(f"cost_model.kind must be 'linear', 'affine' or 'measured', got {kind!r}")
 
 
 def linear_to_dict(model: LinearCost) -> dict[str, object]:

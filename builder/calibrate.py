@@ -1,0 +1,105 @@
+"""Calibration: time the built engine over (batch size, bucket) and fit the planner's cost model.
+
+Measured: the median time of a forward at each bucket length and at batch sizes 1, about a
+quarter of the bucket's max rows, and its max rows (each after one warm-up run). Fitted:
+``time = overhead + B * row_time(T)`` with one shared overhead and one row time per bucket, by
+least squares on relative error; the unit is the cheapest measured time per real token, so costs read as tokens.
+The fit's worst relative error over the measured points is reported and stored with the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from python_backend.cost_models import BucketAffineCost, MeasuredCost
+from python_backend.engines.base import Engine
+
+
+@dataclass(frozen=True)
+class Calibration:
+    table: MeasuredCost  # the measured grid, in token-units
+    fit: BucketAffineCost  # the affine fit of that grid
+    worst_relative_error: float  # of the fit, over the measured points
+    seconds: float  # time the calibration took
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "table": self.table.to_dict(),
+            "fit": self.fit.to_dict(),
+            "worst_relative_error": self.worst_relative_error,
+            "seconds": self.seconds,
+        }
+
+
+def batch_grid(max_rows: int) -> list[int]:
+    return sorted({1, max(1, max_rows // 4), max_rows})
+
+
+def time_forward(engine: Engine, rows: int, length: int, vocab: int, repeats: int) -> float:
+    """Median microseconds of one forward of ``rows`` full rows at ``length``."""
+    rng = np.random.default_rng(rows * 1000 + length)
+    ids = rng.integers(1000, max(1001, vocab - 1), size=(rows, length), dtype=np.int64)
+    mask = np.ones((rows, length), dtype=np.int64)
+    engine.run(ids, mask)  # warm-up: allocations, kernel choice
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.run(ids, mask)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+def calibrate(
+    engine: Engine,
+    vocab_size: int,
+    repeats: int = 3,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> Calibration:
+    started = time.perf_counter()
+    buckets = engine.layout.buckets
+    sizes = sorted({b for bucket in buckets for b in batch_grid(bucket.max_rows)})
+    times = np.full((len(buckets), len(sizes)), np.nan)
+    for i, bucket in enumerate(buckets):
+        for b in batch_grid(bucket.max_rows):
+            times[i, sizes.index(b)] = time_forward(engine, b, bucket.length, vocab_size, repeats)
+            progress(f"calibrate T={bucket.length} B={b}: {times[i, sizes.index(b)] / 1e3:.1f} ms")
+
+    # least squares on relative error: (overhead + b * row_time[i]) / t[i, b] = 1, so small
+    # forwards (where the overhead shows) weigh as much as large ones
+    rows, rhs = [], []
+    for i in range(len(buckets)):
+        for j, b in enumerate(sizes):
+            if np.isfinite(times[i, j]):
+                row = np.zeros(1 + len(buckets))
+                row[0], row[1 + i] = 1.0, b
+                rows.append(row / times[i, j])
+                rhs.append(1.0)
+    solution, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
+    overhead_us = max(0.0, float(solution[0]))
+    row_us = np.maximum(solution[1:], 1e-9)
+    lengths = tuple(b.length for b in buckets)
+    us_per_token = float(min(row_us[i] / lengths[i] for i in range(len(lengths))))
+    fit = BucketAffineCost(
+        overhead_tokens=overhead_us / us_per_token,
+        lengths=lengths,
+        row_costs=tuple(float(r / us_per_token) for r in row_us),
+    )
+    worst = 0.0
+    for i, t in enumerate(lengths):
+        for j, b in enumerate(sizes):
+            if np.isfinite(times[i, j]):
+                predicted = fit.cost(b, t) * us_per_token
+                worst = max(worst, abs(predicted - times[i, j]) / times[i, j])
+    table = MeasuredCost(
+        lengths=lengths,
+        batch_sizes=tuple(sizes),
+        times_us=tuple(tuple(float(x) for x in r) for r in times),
+        us_per_token=us_per_token,
+        captured_batch_sizes=(),
+    )
+    return Calibration(table, fit, worst, time.perf_counter() - started)

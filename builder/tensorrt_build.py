@@ -1,0 +1,82 @@
+"""ONNX -> one TensorRT engine with one optimization profile per length bucket.
+
+Each bucket's profile fixes the sequence length (min = opt = max = the bucket length), so kernels
+are tuned for exactly that shape, and lets the batch run from 1 to the bucket's max rows with opt
+at a typical batch. An optional last profile takes rows between the last bucket and the max length
+at their exact length. A timing cache file is reused across builds: rebuilding after a bucket
+change re-times only new shapes.
+
+TensorRT only exists on GPU nodes (NVIDIA's containers); this module is type-checked against the
+TensorRT 10.13 stubs everywhere and run on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorrt as trt
+
+from python_backend.manifest import Bucket, LongRows
+
+INPUT_NAMES = ("input_ids", "attention_mask")
+WORKSPACE_BYTES = 8 << 30
+
+
+def profile_shapes(
+    buckets: tuple[Bucket, ...], last_bucket: int, max_length: int, long_rows: LongRows | None
+) -> list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]:
+    """(min, opt, max) shapes [B, T] of every profile, in profile order (buckets, then long rows)."""
+    shapes = [((1, b.length), (b.opt_rows, b.length), (b.max_rows, b.length)) for b in buckets]
+    if long_rows is not None:
+        shapes.append(
+            (
+                (1, last_bucket + 1),
+                (max(1, long_rows.max_rows // 2), long_rows.opt_length),
+                (long_rows.max_rows, max_length),
+            )
+        )
+    return shapes
+
+
+def build_engine(
+    onnx_path: Path,
+    engine_path: Path,
+    shapes: list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]],
+    precision: str,
+    timing_cache_path: Path,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Builds and writes the serialized engine; returns its path."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
+    if precision == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+    cache_bytes = timing_cache_path.read_bytes() if timing_cache_path.is_file() else b""
+    cache = config.create_timing_cache(cache_bytes)
+    config.set_timing_cache(cache, ignore_mismatch=False)
+
+    for min_shape, opt_shape, max_shape in shapes:
+        profile = builder.create_optimization_profile()
+        for name in INPUT_NAMES:
+            profile.set_shape(
+                name, trt.Dims2(*min_shape), trt.Dims2(*opt_shape), trt.Dims2(*max_shape)
+            )
+        config.add_optimization_profile(profile)
+    log(f"building TensorRT engine: {len(shapes)} profiles, {precision}")
+
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError("TensorRT engine build failed (see the TensorRT log above)")
+    engine_path.write_bytes(bytes(memoryview(serialized)))
+    timing_cache_path.parent.mkdir(parents=True, exist_ok=True)
+    timing_cache_path.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
+    return engine_path

@@ -1,0 +1,63 @@
+"""The Triton model config, built as Triton's own protobuf message and written as text.
+
+The interface is fixed so that clients can rely on it: up to 64 rows a request; exactly one of
+TEXT (strings) or INPUT_IDS (+ optional ATTENTION_MASK); EMBEDDING or LOGITS, and NUM_TOKENS out.
+No `dynamic_batching` block: the model batches for itself. Not decoupled: plain HTTP /infer and
+unary gRPC work, while the model still answers from its own thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+MAX_BATCH_SIZE = 64
+
+# model parameters: every one of them can be overridden in config.pbtxt or by an environment
+# variable of the same name in upper case (see python_backend/settings.py)
+DEFAULT_PARAMETERS = {
+    "truncate_default": "true",
+    "max_queue_rows": "4096",
+    "default_timeout_ms": "0",
+    "overhead_tokens": "",
+    "max_batch": "",
+    "planner": "dp",
+    "fault_injection": "",
+}
+
+
+def model_config(
+    name: str, output_name: str, output_dim: int, parameters: dict[str, str] | None = None
+) -> mc.ModelConfig:
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    config.input.append(
+        mc.ModelInput(name="TEXT", data_type=mc.TYPE_STRING, dims=[1], optional=True)
+    )
+    config.input.append(
+        mc.ModelInput(name="INPUT_IDS", data_type=mc.TYPE_INT64, dims=[-1], optional=True)
+    )
+    config.input.append(
+        mc.ModelInput(name="ATTENTION_MASK", data_type=mc.TYPE_INT64, dims=[-1], optional=True)
+    )
+    config.output.append(
+        mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])
+    )
+    config.output.append(mc.ModelOutput(name="NUM_TOKENS", data_type=mc.TYPE_INT32, dims=[1]))
+    config.instance_group.append(
+        mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    )
+    for key, value in {**DEFAULT_PARAMETERS, **(parameters or {})}.items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:
+    path = Path(model_dir) / "config.pbtxt"
+    path.write_text(text_format.MessageToString(config))
+    return path
+
+
+def read_config(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(Path(path).read_text(), mc.ModelConfig())

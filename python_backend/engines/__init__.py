@@ -1,0 +1,21 @@
+"""Engines run one planned group at its bucket: ONNX Runtime (CPU default) or TensorRT (GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from python_backend.engines.base import BucketLayout, Engine
+from python_backend.manifest import Manifest
+
+__all__ = ["BucketLayout", "Engine", "open_engine"]
+
+
+def open_engine(manifest: Manifest, version_dir: Path, device: str = "auto") -> Engine:
+    """The engine the manifest names, loaded from ``version_dir``."""
+    if manifest.engine_kind == "tensorrt":
+        from python_backend.engines.tensorrt_engine import TensorRTEngine
+
+        return TensorRTEngine(manifest, version_dir)
+    from python_backend.engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    return OnnxRuntimeEngine(manifest, version_dir, device=device)

@@ -1,0 +1,86 @@
+"""What every engine shares: the bucket layout, and the interface the scheduler calls."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Protocol
+
+import numpy as np
+
+from python_backend.manifest import Bucket, LongRows, Manifest
+
+
+class BucketLayout:
+    """Length buckets and batch limits, read from the manifest; the planner's three callables."""
+
+    def __init__(
+        self,
+        buckets: tuple[Bucket, ...],
+        max_length: int,
+        max_batch: int,
+        long_rows: LongRows | None,
+    ) -> None:
+        self.buckets = buckets
+        self.lengths = [b.length for b in buckets]
+        self.max_length = max_length
+        self.max_batch = max_batch
+        self.long_rows = long_rows
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> BucketLayout:
+        return cls(manifest.buckets, manifest.max_length, manifest.max_batch, manifest.long_rows)
+
+    @property
+    def longest_row(self) -> int:
+        """Longest row a forward can take: the max length with a long-row profile, else the last bucket."""
+        return self.max_length if self.long_rows is not None else self.lengths[-1]
+
+    def pad_len(self, num_tokens: int) -> int:
+        """The length a row runs at: its bucket, or its own length above the last bucket."""
+        i = bisect.bisect_left(self.lengths, num_tokens)
+        return self.lengths[i] if i < len(self.lengths) else num_tokens
+
+    def mergeable(self, num_tokens: int) -> bool:
+        return num_tokens <= self.lengths[-1]
+
+    def max_rows(self, padded_length: int) -> int:
+        """Rows one forward takes at ``padded_length`` (the engine profile's batch limit)."""
+        i = bisect.bisect_left(self.lengths, padded_length)
+        if i < len(self.lengths):
+            return self.buckets[i].max_rows
+        if self.long_rows is None or padded_length > self.max_length:
+            raise ValueError(f"no engine profile takes rows of {padded_length} tokens")
+        return self.long_rows.max_rows
+
+    def run_batch_size(self, padded_length: int, num_rows: int) -> int:
+        """The batch the engine really runs: the next captured size, where it captured any."""
+        i = bisect.bisect_left(self.lengths, padded_length)
+        if i == len(self.lengths) or padded_length != self.lengths[i]:
+            return num_rows
+        captured = self.buckets[i].captured_batch_sizes
+        j = bisect.bisect_left(captured, num_rows)
+        return captured[j] if j < len(captured) else num_rows
+
+
+class Engine(Protocol):
+    """Runs one group of rows at one padded length. Shapes: ids, mask [B, T] int64 -> [B, D] fp32."""
+
+    layout: BucketLayout
+    output_name: str
+    output_dim: int
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def pad_rows(
+    rows: list[np.ndarray], padded_length: int, pad_token_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token rows into (input_ids, attention_mask), both [len(rows), padded_length]."""
+    ids = np.full((len(rows), padded_length), pad_token_id, dtype=np.int64)
+    mask = np.zeros((len(rows), padded_length), dtype=np.int64)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = row
+        mask[r, : len(row)] = 1
+    return ids, mask

@@ -1,0 +1,213 @@
+"""The manifest: one versioned JSON file in a model's version folder, read by builder and server.
+
+It says what the engine files are and how to run them: the model family and its output, the
+tokenizer and the max length, the length buckets with their batch ranges, the cost model the
+planner uses, the engine kind, its files and precision. Loading validates every field and names
+the one that is wrong, so a bad build fails at model load with a message, not later mid-request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from python_backend.cost_models import CostModel, cost_model_from_dict
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+FAMILIES = ("embedding", "classifier", "decoder")
+ENGINE_KINDS = ("onnxruntime", "tensorrt")
+PRECISIONS = ("fp32", "fp16")
+OUTPUT_FOR_FAMILY = {"embedding": "EMBEDDING", "classifier": "LOGITS", "decoder": "LOGITS"}
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, unreadable or has a wrong field (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One engine profile: rows padded to ``length`` tokens, 1..max_rows rows per forward."""
+
+    length: int  # padded sequence length of every row in the profile
+    max_rows: int  # most rows in one forward: rows x length within the token budget
+    opt_rows: int  # the batch TensorRT tunes kernels for
+    captured_batch_sizes: tuple[int, ...] = ()  # CUDA-graph sizes (ascending, last = max_rows)
+
+
+@dataclass(frozen=True)
+class LongRows:
+    """Rows between the last bucket and ``max_length``: run at their exact length, never merged."""
+
+    max_rows: int  # most rows of one length in one forward
+    opt_length: int  # the length TensorRT tunes this dynamic profile for
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_name: str
+    family: str  # embedding | classifier | decoder
+    output_name: str  # EMBEDDING or LOGITS
+    output_dim: int  # D or C: the engine returns [B, output_dim]
+    tokenizer_file: str  # tokenizer.json beside the manifest
+    max_length: int  # longest row the engine accepts, in tokens
+    vocab_size: int  # token ids must lie in [0, vocab_size)
+    pad_token_id: int
+    buckets: tuple[Bucket, ...]  # ascending lengths
+    max_batch: int  # the server's cap on rows per forward
+    engine_kind: str  # onnxruntime | tensorrt
+    engine_files: tuple[str, ...]  # relative to the version folder
+    precision: str  # fp32 | fp16
+    cost_model: dict[str, Any]  # see cost_models.cost_model_from_dict
+    long_rows: LongRows | None = None  # None: rows above the last bucket are truncated or refused
+    calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
+    source: dict[str, Any] = field(default_factory=dict)  # where the model came from
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def last_bucket(self) -> int:
+        return self.buckets[-1].length
+
+    def planner_cost(self) -> CostModel:
+        return cost_model_from_dict(self.cost_model)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def write(self, version_dir: Path) -> Path:
+        path = Path(version_dir) / MANIFEST_FILE
+        path.write_text(self.to_json())
+        return path
+
+
+def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    name = f"{where}{key}"
+    if key not in data:
+        raise ManifestError(f"manifest field '{name}' is missing")
+    value = data[key]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ManifestError(f"manifest field '{name}' has the wrong type: {value!r}")
+    if not isinstance(value, kind):
+        raise ManifestError(f"manifest field '{name}' has the wrong type: {value!r}")
+    return value
+
+
+def _positive(data: dict[str, Any], key: str, where: str = "") -> int:
+    value = _require(data, key, int, where)
+    if value < 1:
+        raise ManifestError(f"manifest field '{where}{key}' must be >= 1, got {value}")
+    return int(value)
+
+
+def _choice(data: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = _require(data, key, str)
+    if value not in choices:
+        raise ManifestError(f"manifest field '{key}' must be one of {list(choices)}, got {value!r}")
+    return str(value)
+
+
+def _bucket(data: Any, i: int) -> Bucket:
+    where = f"buckets[{i}]."
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest field 'buckets[{i}]' must be an object")
+    length = _positive(data, "length", where)
+    max_rows = _positive(data, "max_rows", where)
+    opt_rows = _positive(data, "opt_rows", where)
+    if opt_rows > max_rows:
+        raise ManifestError(f"manifest field '{where}opt_rows' exceeds max_rows ({max_rows})")
+    captured = tuple(int(x) for x in data.get("captured_batch_sizes", ()))
+    if captured and (
+        list(captured) != sorted(set(captured)) or captured[0] < 1 or captured[-1] != max_rows
+    ):
+        raise ManifestError(
+            f"manifest field '{where}captured_batch_sizes' must ascend from >= 1 to max_rows"
+        )
+    return Bucket(length, max_rows, opt_rows, captured)
+
+
+def manifest_from_dict(data: Any) -> Manifest:
+    """Validates and builds a Manifest; a ManifestError names the first bad field."""
+    if not isinstance(data, dict):
+        raise ManifestError("manifest must be a JSON object")
+    version = _require(data, "format_version", int)
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"manifest field 'format_version' is {version}; this server reads {FORMAT_VERSION}"
+        )
+    family = _choice(data, "family", FAMILIES)
+    output_name = _require(data, "output_name", str)
+    if output_name != OUTPUT_FOR_FAMILY[family]:
+        raise ManifestError(
+            f"manifest field 'output_name' must be {OUTPUT_FOR_FAMILY[family]} for {family}"
+        )
+    raw_buckets = _require(data, "buckets", list)
+    if not raw_buckets:
+        raise ManifestError("manifest field 'buckets' must not be empty")
+    buckets = tuple(_bucket(b, i) for i, b in enumerate(raw_buckets))
+    lengths = [b.length for b in buckets]
+    if lengths != sorted(set(lengths)):
+        raise ManifestError("manifest field 'buckets' must have distinct ascending lengths")
+    max_length = _positive(data, "max_length")
+    if lengths[-1] > max_length:
+        raise ManifestError("manifest field 'max_length' is below the last bucket's length")
+    long_rows = None
+    if data.get("long_rows") is not None:
+        raw = _require(data, "long_rows", dict)
+        long_rows = LongRows(
+            _positive(raw, "max_rows", "long_rows."), _positive(raw, "opt_length", "long_rows.")
+        )
+        if lengths[-1] == max_length:
+            raise ManifestError(
+                "manifest field 'long_rows' is set but no length is above the last bucket"
+            )
+    engine_files = _require(data, "engine_files", list)
+    if not engine_files or not all(isinstance(f, str) and f for f in engine_files):
+        raise ManifestError("manifest field 'engine_files' must list file names")
+    cost = _require(data, "cost_model", dict)
+    try:
+        cost_model_from_dict(cost)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ManifestError(f"manifest field 'cost_model' is invalid: {err}") from None
+    return Manifest(
+        model_name=_require(data, "model_name", str),
+        family=family,
+        output_name=output_name,
+        output_dim=_positive(data, "output_dim"),
+        tokenizer_file=_require(data, "tokenizer_file", str),
+        max_length=max_length,
+        vocab_size=_positive(data, "vocab_size"),
+        pad_token_id=_require(data, "pad_token_id", int),
+        buckets=buckets,
+        max_batch=_positive(data, "max_batch"),
+        engine_kind=_choice(data, "engine_kind", ENGINE_KINDS),
+        engine_files=tuple(engine_files),
+        precision=_choice(data, "precision", PRECISIONS),
+        cost_model=cost,
+        long_rows=long_rows,
+        calibration=dict(data.get("calibration") or {}),
+        source=dict(data.get("source") or {}),
+        format_version=version,
+    )
+
+
+def load_manifest(version_dir: Path) -> Manifest:
+    """Reads ``manifest.json`` from a model's version folder."""
+    path = Path(version_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise ManifestError(
+            f"no manifest at {path}: build the model with `python -m builder build`"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ManifestError(f"manifest {path} is not readable JSON: {err}") from None
+    manifest = manifest_from_dict(data)
+    for name in (*manifest.engine_files, manifest.tokenizer_file):
+        if not (Path(version_dir) / name).is_file():
+            raise ManifestError(
+                f"manifest names a file that is missing: {Path(version_dir) / name}"
+            )
+    return manifest
