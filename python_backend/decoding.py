@@ -1,0 +1,200 @@
+"""Request decoding: Triton inputs and parameters -> validated token rows, or a clear error.
+
+Everything a client can get wrong is checked here, before a request is queued, and named in the
+error: which input, which row, what is wrong and what the limit is. Nothing here touches Triton
+objects, so the checks are unit-tested on plain arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from python_backend.tokenization import TextTokenizer
+
+# a token covers at least one character, and real text averages 4-5 per token: a row of more
+# than this many bytes per allowed token cannot be meant for this model, and tokenizing it would
+# stall every other request
+MAX_TEXT_BYTES_PER_TOKEN = 32
+
+
+class RequestError(ValueError):
+    """A request the server refuses: ``reason`` is a short label for metrics."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rows: int  # rows per request (the config's max_batch_size)
+    max_length: int  # tokens per row the engine takes
+    vocab_size: int  # token ids lie in [0, vocab_size)
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    truncate: bool  # rows over max_length: truncate, or refuse the request
+    timeout_ms: int  # 0: no deadline
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    rows: list[np.ndarray]  # token ids per row, int64, each 1..max_length long
+    options: RequestOptions
+
+
+def parse_options(
+    parameters: dict[str, Any], truncate_default: bool, timeout_default: int
+) -> RequestOptions:
+    truncate = parameters.get("truncate", truncate_default)
+    if not isinstance(truncate, bool):
+        raise RequestError(
+            f"parameter truncate must be a bool (true or false), got {truncate!r}", "bad_parameter"
+        )
+    timeout = parameters.get("timeout_ms", timeout_default)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise RequestError(
+            f"parameter timeout_ms must be a non-negative integer, got {timeout!r}", "bad_parameter"
+        )
+    return RequestOptions(truncate=truncate, timeout_ms=int(timeout))
+
+
+def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
+    if array.ndim != 2:
+        raise RequestError(
+            f"input {name} must have shape [rows, {'1' if name == 'TEXT' else 'tokens'}], "
+            f"got rank {array.ndim} shape {list(array.shape)}",
+            "bad_shape",
+        )
+    rows = array.shape[0]
+    if rows == 0:
+        raise RequestError(f"input {name} has zero rows", "bad_shape")
+    if rows > limits.max_rows:
+        raise RequestError(
+            f"input {name} has {rows} rows; the limit is {limits.max_rows} per request", "bad_shape"
+        )
+    return rows
+
+
+def decode_text(
+    text: np.ndarray, tokenizer: TextTokenizer, limits: Limits, options: RequestOptions
+) -> list[np.ndarray]:
+    if text.dtype != np.object_ and text.dtype.kind not in ("S", "U"):
+        raise RequestError(f"input TEXT must be BYTES (strings), got {text.dtype}", "bad_dtype")
+    _rows_in("TEXT", text, limits)
+    if text.shape[1] != 1:
+        raise RequestError(
+            f"input TEXT must have shape [rows, 1], got {list(text.shape)}", "bad_shape"
+        )
+    max_bytes = limits.max_length * MAX_TEXT_BYTES_PER_TOKEN
+    texts = []
+    for r, value in enumerate(text[:, 0]):
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RequestError(
+                f"TEXT row {r} is not valid UTF-8 (byte {err.start})", "bad_text"
+            ) from None
+        if not decoded.strip():
+            raise RequestError(f"TEXT row {r} is empty", "empty_row")
+        if len(raw) > max_bytes:
+            if not options.truncate:
+                raise RequestError(
+                    f"TEXT row {r} is {len(raw)} bytes, far over the {limits.max_length}-token "
+                    f"limit (truncate is off)",
+                    "too_long",
+                )
+            decoded = decoded[:max_bytes]  # the tail would be truncated away anyway
+        texts.append(decoded)
+    rows = tokenizer.encode(texts, truncate=options.truncate)
+    for r, ids in enumerate(rows):
+        if len(ids) == 0:
+            raise RequestError(f"TEXT row {r} has no tokens", "empty_row")
+        if len(ids) > limits.max_length:
+            raise RequestError(
+                f"TEXT row {r} is {len(ids)} tokens; the limit is {limits.max_length} "
+                "(send truncate=true to cut it)",
+                "too_long",
+            )
+    return rows
+
+
+def decode_ids(
+    ids: np.ndarray, mask: np.ndarray | None, limits: Limits, options: RequestOptions
+) -> list[np.ndarray]:
+    if ids.dtype != np.int64:
+        raise RequestError(f"input INPUT_IDS must be INT64, got {ids.dtype}", "bad_dtype")
+    num_rows = _rows_in("INPUT_IDS", ids, limits)
+    if ids.shape[1] == 0:
+        raise RequestError("input INPUT_IDS has empty rows (zero tokens)", "empty_row")
+    if ids.size and (ids.min() < 0 or ids.max() >= limits.vocab_size):
+        bad = np.argwhere((ids < 0) | (ids >= limits.vocab_size))[0]
+        raise RequestError(
+            f"INPUT_IDS row {bad[0]} token {bad[1]} is {ids[bad[0], bad[1]]}; ids must lie in "
+            f"[0, {limits.vocab_size})",
+            "bad_token",
+        )
+    if mask is None:
+        lengths = np.full(num_rows, ids.shape[1])
+    else:
+        if mask.dtype != np.int64:
+            raise RequestError(f"input ATTENTION_MASK must be INT64, got {mask.dtype}", "bad_dtype")
+        if mask.shape != ids.shape:
+            raise RequestError(
+                f"input ATTENTION_MASK has shape {list(mask.shape)}; it must match INPUT_IDS "
+                f"{list(ids.shape)}",
+                "bad_shape",
+            )
+        if not np.isin(mask, (0, 1)).all():
+            raise RequestError("input ATTENTION_MASK may hold only 0 and 1", "bad_mask")
+        lengths = mask.sum(axis=1)
+        empty = np.flatnonzero(lengths == 0)
+        if empty.size:
+            raise RequestError(
+                f"ATTENTION_MASK row {empty[0]} is all zeros: the row has no tokens", "empty_row"
+            )
+        # right padding: ones then zeros, so each row's real tokens are a prefix
+        prefix = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+        ragged = np.flatnonzero((mask == 1) != prefix)
+        if ragged.size:
+            raise RequestError(
+                f"ATTENTION_MASK row {ragged[0] // ids.shape[1]} is not right-padded (ones, then zeros)",
+                "bad_mask",
+            )
+    too_long = np.flatnonzero(lengths > limits.max_length)
+    if too_long.size and not options.truncate:
+        r = int(too_long[0])
+        raise RequestError(
+            f"INPUT_IDS row {r} is {int(lengths[r])} tokens; the limit is {limits.max_length} "
+            "(send truncate=true to cut it)",
+            "too_long",
+        )
+    # copies: Triton's input buffers are not ours once execute returns
+    return [ids[r, : min(int(lengths[r]), limits.max_length)].copy() for r in range(num_rows)]
+
+
+def decode_request(
+    inputs: dict[str, np.ndarray],
+    options: RequestOptions,
+    tokenizer: TextTokenizer,
+    limits: Limits,
+) -> DecodedRequest:
+    """Validated token rows of one request; raises RequestError naming what is wrong."""
+    text, ids, mask = inputs.get("TEXT"), inputs.get("INPUT_IDS"), inputs.get("ATTENTION_MASK")
+    if text is not None and ids is not None:
+        raise RequestError("send exactly one of TEXT or INPUT_IDS, not both", "bad_inputs")
+    if text is None and ids is None:
+        raise RequestError("missing input: send TEXT or INPUT_IDS", "bad_inputs")
+    if text is not None:
+        if mask is not None:
+            raise RequestError("ATTENTION_MASK goes with INPUT_IDS, not TEXT", "bad_inputs")
+        rows = decode_text(text, tokenizer, limits, options)
+    else:
+        assert ids is not None
+        rows = decode_ids(ids, mask, limits, options)
+    return DecodedRequest(rows=rows, options=options)

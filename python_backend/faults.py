@@ -1,0 +1,60 @@
+"""Fault injection for the reliability tests: an engine wrapper that fails on purpose.
+
+Only a test model repository sets the ``fault_injection`` parameter; the default config leaves it
+empty and the wrapper is never built. The spec is a comma-separated list of:
+- ``oom_above_tokens=N``: a forward of more than N padded tokens raises MemoryError, like a GPU
+  out of memory;
+- ``poison_token=ID``: a forward holding a row with this token id raises RuntimeError, like a row
+  that breaks the engine whatever it is grouped with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from python_backend.engines.base import Engine
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def parse_fault_spec(spec: str) -> dict[str, int]:
+    faults: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("oom_above_tokens", "poison_token") or not value.strip().isdigit():
+            raise ValueError(
+                f"fault_injection item {item!r}: expected oom_above_tokens=N or poison_token=ID"
+            )
+        faults[key] = int(value)
+    return faults
+
+
+class FaultInjectingEngine:
+    """Wraps an engine; fails forwards as the spec says, else runs them unchanged."""
+
+    def __init__(self, inner: Engine, spec: str) -> None:
+        self.inner = inner
+        self.layout = inner.layout
+        self.output_name = inner.output_name
+        self.output_dim = inner.output_dim
+        self.faults = parse_fault_spec(spec)
+        self.forwards_failed = 0
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        limit = self.faults.get("oom_above_tokens")
+        if limit is not None and input_ids.size > limit:
+            self.forwards_failed += 1
+            raise MemoryError(
+                f"injected out of memory: {input_ids.shape[0]}x{input_ids.shape[1]} = "
+                f"{input_ids.size} tokens > {limit}"
+            )
+        poison = self.faults.get("poison_token")
+        if poison is not None and bool(((input_ids == poison) & (attention_mask == 1)).any()):
+            self.forwards_failed += 1
+            raise InjectedFault(f"injected engine fault on token id {poison}")
+        return self.inner.run(input_ids, attention_mask)
+
+    def close(self) -> None:
+        self.inner.close()

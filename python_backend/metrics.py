@@ -1,0 +1,125 @@
+"""Scheduler metrics as Triton custom metrics (served on the metrics port, Prometheus format)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from python_backend.scheduler import SchedulerMetrics
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def never_raises(method: F) -> F:
+    """A metric that cannot be recorded must not fail the request that was being served."""
+
+    @functools.wraps(method)
+    def wrapper(self: TritonMetrics, *args: Any) -> None:
+        try:
+            method(self, *args)
+        except Exception as err:
+            if not self._warned:
+                self._warned = True
+                self._log(f"metrics disabled after an error: {err!r}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+LATENCY_BUCKETS_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+
+
+class TritonMetrics(SchedulerMetrics):
+    """Families are created once per model instance; labels carry the model and the bucket."""
+
+    def __init__(self, pb_utils: Any, model_name: str) -> None:
+        mf = pb_utils.MetricFamily
+        self._warned = False
+        self._log = pb_utils.Logger.log_warn
+        self._model = model_name
+        # Triton requires every MetricFamily to outlive its Metrics: all are kept on self
+        self._queue_family = mf(
+            name="planner_queue_rows",
+            description="Rows waiting in the model's own queue",
+            kind=mf.GAUGE,
+        )
+        self._queue = self._queue_family.Metric(labels={"model": model_name})
+        self._rows = mf(
+            name="planner_rows_total", description="Rows computed, by bucket", kind=mf.COUNTER
+        )
+        self._forwards = mf(
+            name="planner_forwards_total", description="Forwards run, by bucket", kind=mf.COUNTER
+        )
+        self._tokens_family = tokens = mf(
+            name="planner_tokens_total",
+            description="Tokens computed: real (in rows) and padded (rows x bucket length)",
+            kind=mf.COUNTER,
+        )
+        self._real = tokens.Metric(labels={"model": model_name, "kind": "real"})
+        self._padded = tokens.Metric(labels={"model": model_name, "kind": "padded"})
+        self._cost_family = cost = mf(
+            name="planner_plan_cost_total",
+            description="Cost of the plans run, in token-units: planned, and per-bucket grouping of the same rows",
+            kind=mf.COUNTER,
+        )
+        self._planned = cost.Metric(labels={"model": model_name, "plan": "planned"})
+        self._baseline = cost.Metric(labels={"model": model_name, "plan": "per_bucket"})
+        self._refused = mf(
+            name="planner_refused_total",
+            description="Requests refused or failed, by reason",
+            kind=mf.COUNTER,
+        )
+        histogram_kind = getattr(mf, "HISTOGRAM", None)
+        self._latency = None
+        if histogram_kind is not None:
+            self._latency = mf(
+                name="planner_forward_seconds",
+                description="Forward latency in seconds",
+                kind=histogram_kind,
+            )
+        self._by_bucket: dict[int, tuple[Any, Any, Any]] = {}
+        self._by_reason: dict[str, Any] = {}
+
+    def _bucket(self, padded_length: int) -> tuple[Any, Any, Any]:
+        metrics = self._by_bucket.get(padded_length)
+        if metrics is None:
+            labels = {"model": self._model, "bucket": str(padded_length)}
+            latency = (
+                self._latency.Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
+                if self._latency is not None
+                else None
+            )
+            metrics = (
+                self._rows.Metric(labels=labels),
+                self._forwards.Metric(labels=labels),
+                latency,
+            )
+            self._by_bucket[padded_length] = metrics
+        return metrics
+
+    @never_raises
+    def queue_depth(self, rows: int) -> None:
+        self._queue.set(rows)
+
+    @never_raises
+    def forward(self, padded_length: int, rows: int, real_tokens: int, seconds: float) -> None:
+        row_metric, forward_metric, latency = self._bucket(padded_length)
+        row_metric.increment(rows)
+        forward_metric.increment(1)
+        self._real.increment(real_tokens)
+        self._padded.increment(rows * padded_length)
+        if latency is not None:
+            latency.observe(seconds)
+
+    @never_raises
+    def plan(self, planned_cost: float, per_bucket_cost: float) -> None:
+        self._planned.increment(planned_cost)
+        self._baseline.increment(per_bucket_cost)
+
+    @never_raises
+    def refused(self, reason: str) -> None:
+        metric = self._by_reason.get(reason)
+        if metric is None:
+            metric = self._refused.Metric(labels={"model": self._model, "reason": reason})
+            self._by_reason[reason] = metric
+        metric.increment(1)

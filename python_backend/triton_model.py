@@ -1,0 +1,149 @@
+"""The Triton Python-backend model: thin glue between Triton and the scheduler.
+
+``initialize`` reads the config and the manifest and starts the scheduler; ``execute`` decodes
+each request, answers bad ones at once and queues the rest, then returns None (the scheduler
+thread answers through each request's response sender, exactly once, with the FINAL flag; the
+model is not decoupled, so plain HTTP /infer and unary gRPC work); ``finalize`` drains the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from python_backend.cost_models import LinearCost
+from python_backend.decoding import Limits, RequestError, decode_request, parse_options
+from python_backend.engines import open_engine
+from python_backend.faults import FaultInjectingEngine
+from python_backend.manifest import load_manifest
+from python_backend.metrics import TritonMetrics
+from python_backend.scheduler import PendingRequest, Scheduler, ServeError
+from python_backend.settings import settings_from_parameters
+from python_backend.tokenization import TextTokenizer
+
+INPUT_NAMES = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
+ERROR_CODES = {
+    "queue_full": "UNAVAILABLE",
+    "shutdown": "UNAVAILABLE",
+    "timeout": "UNAVAILABLE",
+    "cancelled": "CANCELLED",
+    "failed": "INTERNAL",
+}
+SHUTDOWN_DRAIN_S = 30.0
+
+
+def _error_response(message: str, code_name: str) -> Any:
+    code = getattr(pb_utils.TritonError, code_name, pb_utils.TritonError.INTERNAL)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        self.model_name = config["name"]
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.settings = settings_from_parameters(config.get("parameters", {}))
+        manifest = load_manifest(version_dir)
+        engine = open_engine(manifest, version_dir)
+        if self.settings.fault_injection:
+            engine = FaultInjectingEngine(engine, self.settings.fault_injection)
+        self.engine = engine
+        self.output_name = manifest.output_name
+        cost = (
+            LinearCost(self.settings.overhead_tokens)
+            if self.settings.overhead_tokens is not None
+            else manifest.planner_cost()
+        )
+        longest = engine.layout.longest_row
+        self.tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
+        self.limits = Limits(int(config["max_batch_size"]), longest, manifest.vocab_size)
+        self.metrics = TritonMetrics(pb_utils, self.model_name)
+        self.scheduler = Scheduler(
+            engine,
+            pad_token_id=manifest.pad_token_id,
+            cost=cost,
+            max_batch=self.settings.max_batch or manifest.max_batch,
+            max_queue_rows=self.settings.max_queue_rows,
+            planner=self.settings.planner,
+            metrics=self.metrics,
+        )
+        self.scheduler.start()
+        pb_utils.Logger.log_info(
+            f"{self.model_name}: {manifest.engine_kind} engine, buckets "
+            f"{[b.length for b in manifest.buckets]}, planner {self.settings.planner}, cost {cost}"
+        )
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                pending = self._decode(request, sender)
+            except RequestError as err:
+                self.metrics.refused(err.reason)
+                sender.send(
+                    _error_response(str(err), "INVALID_ARG"),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            except Exception as err:  # a bug must cost one request, never the batch of them
+                sender.send(
+                    _error_response(f"could not decode the request: {err!r}", "INTERNAL"),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            self.scheduler.submit(pending)
+        return None
+
+    def _decode(self, request: Any, sender: Any) -> PendingRequest:
+        try:
+            parameters = json.loads(request.parameters() or "{}")
+        except json.JSONDecodeError:
+            raise RequestError("request parameters are not valid JSON", "bad_parameter") from None
+        options = parse_options(
+            parameters, self.settings.truncate_default, self.settings.default_timeout_ms
+        )
+        inputs = {}
+        for name in INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        decoded = decode_request(inputs, options, self.tokenizer, self.limits)
+        deadline = None
+        if options.timeout_ms:
+            deadline = time.monotonic() + options.timeout_ms / 1000.0
+        return PendingRequest(
+            rows=decoded.rows,
+            respond=partial(self._respond, sender),
+            deadline=deadline,
+            is_cancelled=request.is_cancelled,
+        )
+
+    def _respond(
+        self,
+        sender: Any,
+        outputs: np.ndarray | None,
+        tokens: np.ndarray | None,
+        error: ServeError | None,
+    ) -> None:
+        if error is not None or outputs is None or tokens is None:
+            message = str(error) if error is not None else "no outputs"
+            kind = error.kind if error is not None else "failed"
+            response = _error_response(message, ERROR_CODES.get(kind, "INTERNAL"))
+        else:
+            response = pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(self.output_name, outputs),
+                    pb_utils.Tensor("NUM_TOKENS", tokens.reshape(-1, 1)),
+                ]
+            )
+        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self) -> None:
+        self.scheduler.stop(SHUTDOWN_DRAIN_S)
+        self.engine.close()

@@ -1,0 +1,228 @@
+"""Starts the real Triton server (from the nvidia-pytriton wheel) on a model repository.
+
+    python -m tools.triton_server --repository model_repository [--http-port 8000 ...]
+
+On a CPU host this is the server `make serve` runs. The wheel carries tritonserver and the Python
+backend but not in the layout Triton expects, so a backend folder is assembled under build/
+(never inside site-packages): libtriton_python.so, triton_python_backend_utils.py and the stub
+for the running Python. The virtual environment's bin/ goes first on PATH, because the stub takes
+its sys.path from the python3 it finds there: that is how the model imports python_backend.
+
+Ctrl-C or SIGTERM stops Triton cleanly (it drains and unloads models, whose finalize answers what
+is queued); anything left of its process group after the grace period is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKEND_DIR = ROOT / "build" / "triton-backends"
+
+
+def triton_home() -> Path:
+    try:
+        import pytriton
+    except ImportError:
+        sys.exit("nvidia-pytriton is not installed: run `make setup` first")
+    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def prepare_backend_dir(target: Path = BACKEND_DIR) -> Path:
+    """Assembles <target>/python/ with the backend library, its utils and our Python's stub."""
+    home = triton_home()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        sys.exit(f"the Triton wheel has no Python-backend stub for Python {version}")
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for source in (
+        home / "backends" / "python" / "libtriton_python.so",
+        home / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
+        destination = python_dir / source.name
+        if not destination.exists() or destination.stat().st_size != source.stat().st_size:
+            shutil.copy2(source, destination)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_env() -> dict[str, str]:
+    home = triton_home()
+    env = dict(os.environ)
+    libs = str(home.parent.parent / "nvidia_pytriton.libs")
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [libs, env.get("LD_LIBRARY_PATH", "")]))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+class TritonServer:
+    """A tritonserver process on one repository and three ports; a context manager."""
+
+    def __init__(
+        self,
+        repository: Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        log_path: Path | None = None,
+        extra_args: list[str] | None = None,
+        exit_timeout_s: int = 30,
+    ) -> None:
+        self.repository = Path(repository).resolve()
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_path = log_path
+        self.extra_args = extra_args or []
+        self.exit_timeout_s = exit_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(triton_home() / "bin" / "tritonserver"),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={prepare_backend_dir()}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> TritonServer:
+        stdout = None
+        if self.log_path is not None:
+            self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+            stdout = self._log_file
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_env(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            start_new_session=True,  # its own process group: the stubs go with it
+        )
+        return self
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}")
+            if self.ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s")
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM, wait for a clean exit, then kill whatever is left of the process group."""
+        if self.process is None:
+            return None
+        grace = self.exit_timeout_s + 10 if grace_s is None else grace_s
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # stray stubs, if any
+        except ProcessLookupError:
+            pass
+        code = self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+        return code
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Serve a model repository on the real Triton server"
+    )
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    parser.add_argument(
+        "--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002))
+    )
+    parser.add_argument("--model", default="minilm", help="model named in the ready line")
+    args = parser.parse_args(argv)
+    server = TritonServer(args.repository, args.http_port, args.grpc_port, args.metrics_port)
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    try:
+        while not server.ready():
+            if stopping or server.process is None or server.process.poll() is not None:
+                break
+            time.sleep(0.25)
+        else:
+            pass
+        if server.ready():
+            print(
+                f"\nready: {args.model} on HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
+                f"metrics :{args.metrics_port}\n"
+                f"  curl -s localhost:{args.http_port}/v2/models/{args.model}/infer -d "
+                '\'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],'
+                '"data":["Triton plans its own batches"]}]}\'\n'
+                "Ctrl-C stops it.",
+                flush=True,
+            )
+        while not stopping and server.process is not None and server.process.poll() is None:
+            time.sleep(0.25)
+    finally:
+        code = server.stop()
+    return 0 if stopping else (code or 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
