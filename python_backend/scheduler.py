@@ -71,6 +71,9 @@ class PendingRequest:
     done: bool = False  # answered (either way)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        self.remaining = len(self.rows)
+
     def answer(self, outputs: np.ndarray | None, error: ServeError | None) -> bool:
         """Sends the one response; False if it was already sent."""
         with self._lock:
@@ -139,7 +142,6 @@ class Scheduler:
                 )
             else:
                 request.arrival = next(self._arrivals)
-                request.remaining = num_rows
                 self._queue.append(request)
                 self._queued_rows += num_rows
                 self.metrics.queue_depth(self._queued_rows)

@@ -15,6 +15,7 @@ is queued); anything left of its process group after the grace period is killed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -156,14 +157,10 @@ class TritonServer:
         grace = self.exit_timeout_s + 10 if grace_s is None else grace_s
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)  # stray stubs, if any
-        except ProcessLookupError:
-            pass
         code = self.process.wait()
         if self._log_file is not None:
             self._log_file.close()

@@ -1,0 +1,239 @@
+"""The builder end to end: build a repository entry, then check the engine against torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from builder.cli import main as builder_main
+from builder.families import load_model
+from builder.triton_config import read_config
+from python_backend.engines import open_engine
+from python_backend.engines.base import pad_rows
+from python_backend.manifest import load_manifest
+
+# fp32 on CPU: a padded row and the same row alone differ by float reordering only (~1e-7);
+# 1e-4 leaves room for BLAS kernels that block differently at different batch shapes
+TOLERANCE = 1e-4
+
+
+def build(repository: Path, model_dir: Path, name: str, *extra: str) -> Path:
+    code = builder_main(
+        [
+            "build",
+            "--model-dir",
+            str(model_dir),
+            "--name",
+            name,
+            "--repository",
+            str(repository),
+            "--engine",
+            "onnxruntime",
+            "--calibration-repeats",
+            "0",
+            "--quiet",
+            *extra,
+        ]
+    )
+    assert code == 0
+    return repository / name / "1"
+
+
+def reference(model_dir: Path, rows: list[np.ndarray], **kw) -> np.ndarray:
+    """The torch model on each row alone, no padding at all."""
+    module = load_model(model_dir, **kw).module
+    with torch.no_grad():
+        return np.stack(
+            [
+                module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[0].numpy()
+                for r in rows
+            ]
+        )
+
+
+def rows_for_every_bucket(version_dir: Path, seed: int = 0) -> list[tuple[int, list[np.ndarray]]]:
+    """Per bucket: rows whose lengths fall inside it, shortest to longest (padding up to T)."""
+    manifest = load_manifest(version_dir)
+    rng = np.random.default_rng(seed)
+    out, previous = [], 0
+    for bucket in manifest.buckets:
+        lengths = sorted(
+            {previous + 1, bucket.length, int(rng.integers(previous + 1, bucket.length + 1))}
+        )
+        out.append((bucket.length, [rng.integers(1000, 29000, n) for n in lengths]))
+        previous = bucket.length
+    return out
+
+
+def assert_engine_matches_reference(version_dir: Path, model_dir: Path, **kw) -> None:
+    manifest = load_manifest(version_dir)
+    engine = open_engine(manifest, version_dir)
+    for length, rows in rows_for_every_bucket(version_dir):
+        ids, mask = pad_rows(rows, length, manifest.pad_token_id)
+        served = engine.run(ids, mask)
+        expected = reference(model_dir, rows, **kw)
+        assert served.shape == (len(rows), manifest.output_dim)
+        assert np.abs(served - expected).max() <= TOLERANCE, f"bucket {length}"
+
+
+def test_minilm_engine_matches_torch_on_each_row_alone_at_every_bucket(tmp_path, minilm_dir):
+    version = build(tmp_path, minilm_dir, "minilm", "--buckets", "16,48,128,256")
+    manifest = load_manifest(version)
+    assert manifest.family == "embedding" and manifest.output_dim == 384
+    assert [b.length for b in manifest.buckets] == [16, 48, 128, 256]
+    assert manifest.source["pooling"] == "mean" and manifest.source["normalize"] is True
+    assert_engine_matches_reference(version, minilm_dir)
+    config = read_config(tmp_path / "minilm" / "config.pbtxt")
+    assert [o.name for o in config.output] == ["EMBEDDING", "NUM_TOKENS"]
+    assert (version / "model.py").is_file() and (version / "tokenizer.json").is_file()
+
+
+def test_tiny_classifier_engine_matches_torch(tmp_path, tiny_classifier_dir):
+    version = build(
+        tmp_path, tiny_classifier_dir, "clf", "--buckets", "8,24,64", "--max-length", "64"
+    )
+    manifest = load_manifest(version)
+    assert (manifest.family, manifest.output_name, manifest.output_dim) == (
+        "classifier",
+        "LOGITS",
+        3,
+    )
+    assert_engine_matches_reference(version, tiny_classifier_dir)
+
+
+def test_tiny_decoder_scores_the_last_real_token_of_each_row(tmp_path, tiny_decoder_dir):
+    version = build(
+        tmp_path,
+        tiny_decoder_dir,
+        "decider",
+        "--buckets",
+        "8,24,64",
+        "--max-length",
+        "64",
+        "--score-token-ids",
+        "2023,2025",
+    )
+    manifest = load_manifest(version)
+    assert (manifest.family, manifest.output_name, manifest.output_dim) == ("decoder", "LOGITS", 2)
+    assert_engine_matches_reference(version, tiny_decoder_dir, score_token_ids=[2023, 2025])
+
+
+def test_rows_above_the_last_bucket_run_at_their_exact_length(tmp_path, tiny_classifier_dir):
+    version = build(
+        tmp_path,
+        tiny_classifier_dir,
+        "clf",
+        "--buckets",
+        "8,16",
+        "--max-length",
+        "40",
+        "--last-bucket",
+        "16",
+    )
+    manifest = load_manifest(version)
+    assert manifest.long_rows is not None and manifest.max_length == 40
+    engine = open_engine(manifest, version)
+    assert engine.layout.pad_len(30) == 30 and not engine.layout.mergeable(30)
+    rows = [np.arange(1000, 1030), np.arange(2000, 2030)]
+    ids, mask = pad_rows(rows, 30, 0)
+    assert np.abs(engine.run(ids, mask) - reference(tiny_classifier_dir, rows)).max() <= TOLERANCE
+
+
+def test_buckets_are_chosen_from_a_length_sample(tmp_path, tiny_classifier_dir, capsys):
+    sample = tmp_path / "lengths.txt"
+    sample.write_text("\n".join(str(n) for n in [5] * 60 + [12] * 30 + [50] * 10))
+    code = builder_main(
+        [
+            "build",
+            "--model-dir",
+            str(tiny_classifier_dir),
+            "--name",
+            "clf",
+            "--repository",
+            str(tmp_path),
+            "--engine",
+            "onnxruntime",
+            "--calibration-repeats",
+            "0",
+            "--lengths-file",
+            str(sample),
+            "--num-buckets",
+            "3",
+            "--max-length",
+            "64",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "chosen buckets [5, 12, 64]" in out and "power-of-two buckets" in out
+    assert [b.length for b in load_manifest(tmp_path / "clf" / "1").buckets] == [5, 12, 64]
+
+
+def test_calibration_stores_a_fitted_cost_model(tmp_path, tiny_classifier_dir, capsys):
+    code = builder_main(
+        [
+            "build",
+            "--model-dir",
+            str(tiny_classifier_dir),
+            "--name",
+            "clf",
+            "--repository",
+            str(tmp_path),
+            "--engine",
+            "onnxruntime",
+            "--buckets",
+            "8,32",
+            "--max-length",
+            "32",
+            "--calibration-repeats",
+            "1",
+            "--token-budget",
+            "256",
+        ]
+    )
+    assert code == 0
+    assert "worst relative error" in capsys.readouterr().out
+    manifest = load_manifest(tmp_path / "clf" / "1")
+    assert manifest.cost_model["kind"] == "affine"
+    assert manifest.calibration["table"]["lengths"] == [8, 32]
+    cost = manifest.planner_cost()
+    assert cost.cost(8, 32) > cost.cost(8, 8) > cost.cost(1, 8) > 0
+    json.dumps(manifest.calibration)  # stored as plain JSON
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model-dir", "/nonexistent"], "has no config.json"),
+        (["--buckets", "16,abc"], "--buckets takes comma-separated integers"),
+        (["--max-length", "0"], "--max-length must be >= 1"),
+        (["--max-length", "4096"], "exceeds the model's limit 256"),
+        (
+            ["--last-bucket", "300", "--max-length", "256"],
+            "--last-bucket 300 exceeds --max-length 256",
+        ),
+        (["--precision", "fp16", "--engine", "onnxruntime"], "--precision fp16 is for TensorRT"),
+        (["--score-token-ids", "1,2"], "--score-token-ids applies to decoder models only"),
+        (["--name", "bad/name"], "--name must be letters"),
+        (["--lengths-file", "/nonexistent.txt"], "--lengths-file /nonexistent.txt does not exist"),
+    ],
+)
+def test_bad_builder_arguments_give_clear_errors(tmp_path, args, message, capsys):
+    code = builder_main(
+        ["build", "--repository", str(tmp_path), "--calibration-repeats", "0", "--quiet", *args]
+    )
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tensorrt_is_refused_clearly_where_it_cannot_run(tmp_path, capsys):
+    pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    code = builder_main(["build", "--repository", str(tmp_path), "--engine", "tensorrt", "--quiet"])
+    assert code == 2
+    assert "--engine tensorrt needs TensorRT and a CUDA GPU" in capsys.readouterr().err

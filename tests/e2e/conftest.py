@@ -1,0 +1,147 @@
+"""End-to-end fixtures: a model repository built by the builder, served by the real Triton server.
+
+The server runs on free ports with its log in a file; when a test fails, the log's tail is added
+to the report, so a server-side error is visible next to the client-side symptom.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.triton_server import TritonServer, free_port
+
+pytest.importorskip("pytriton")
+torch = pytest.importorskip("torch")
+
+BUCKETS = "16,32,64,128,256"
+_LOGS: list[Path] = []
+
+
+def build_repository(root: Path) -> Path:
+    from builder.cli import main as builder_main
+
+    repository = root / "repository"
+    code = builder_main(
+        [
+            "build",
+            "--name",
+            "minilm",
+            "--repository",
+            str(repository),
+            "--engine",
+            "onnxruntime",
+            "--buckets",
+            BUCKETS,
+            "--calibration-repeats",
+            "0",
+            "--overhead-tokens",
+            "64",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    return repository
+
+
+def add_model_variant(repository: Path, name: str, parameters: dict[str, str]) -> None:
+    """Another model over the same engine files, with other config parameters."""
+    from builder.triton_config import model_config, read_config, write_config
+
+    source = repository / "minilm"
+    target = repository / name / "1"
+    target.mkdir(parents=True)
+    for item in (source / "1").iterdir():
+        (target / item.name).symlink_to(item.resolve())
+    base = read_config(source / "config.pbtxt")
+    config = model_config(
+        name, "EMBEDDING", 384, {k: v.string_value for k, v in base.parameters.items()} | parameters
+    )
+    write_config(config, target.parent)
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory) -> Path:
+    repo = build_repository(tmp_path_factory.mktemp("e2e"))
+    # for the reliability tests: failures on purpose, a small queue
+    add_model_variant(
+        repo, "minilm_faults", {"fault_injection": "oom_above_tokens=1024,poison_token=29999"}
+    )
+    add_model_variant(repo, "minilm_small_queue", {"max_queue_rows": "8"})
+    return repo
+
+
+def start_server(repository: Path, log: Path) -> TritonServer:
+    server = TritonServer(
+        repository, free_port(), free_port(), free_port(), log_path=log, exit_timeout_s=20
+    )
+    _LOGS.append(log)
+    server.start()
+    try:
+        server.wait_ready(180)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(repository, tmp_path_factory):
+    server = start_server(repository, tmp_path_factory.mktemp("logs") / "triton.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """MiniLM in torch, run on each row alone: the reference served outputs must match."""
+    from builder.cli import default_model_dir
+    from builder.families import load_model
+
+    module = load_model(default_model_dir()).module
+
+    def embed(rows: list[np.ndarray]) -> np.ndarray:
+        with torch.no_grad():
+            return np.stack(
+                [
+                    module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[
+                        0
+                    ].numpy()
+                    for r in rows
+                ]
+            )
+
+    return embed
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from builder.cli import default_model_dir
+    from python_backend.tokenization import TextTokenizer
+
+    return TextTokenizer(default_model_dir() / "tokenizer.json", 256)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for log in _LOGS:
+            if log.is_file():
+                tail = log.read_text(errors="replace")[-6000:]
+                report.sections.append((f"server log {log.name}", tail))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "e2e" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+def copy_repository(repository: Path, target: Path) -> Path:
+    shutil.copytree(repository, target, symlinks=True)
+    return target

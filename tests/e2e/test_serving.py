@@ -1,0 +1,138 @@
+"""The product's main path, against the real Triton server, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from builder.corpus import corpus_rows
+from tests.e2e.clients import PROTOCOLS, client, id_inputs, infer, text_inputs
+from tests.e2e.conftest import start_server
+
+TOLERANCE = 1e-4
+
+
+def metric_values(server, name: str) -> dict[str, float]:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
+def total(server, name: str, **labels) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in metric_values(server, name).items() if all(w in k for w in want))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_single_row_is_embedded_like_the_reference(server, protocol, tokenizer, reference_model):
+    text = "Triton plans its own batches."
+    embedding, tokens = infer(client(server, protocol), "minilm", text_inputs(protocol, [text]))
+    ids = tokenizer.encode([text], truncate=True)
+    assert embedding.shape == (1, 384) and tokens.tolist() == [[len(ids[0])]]
+    assert np.abs(embedding - reference_model(ids)).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_multi_row_requests_match_each_row_computed_alone(
+    server, protocol, tokenizer, reference_model
+):
+    texts = corpus_rows(12, seed=7)
+    embedding, tokens = infer(client(server, protocol), "minilm", text_inputs(protocol, texts))
+    ids = tokenizer.encode(texts, truncate=True)
+    assert tokens[:, 0].tolist() == [len(r) for r in ids]
+    assert np.abs(embedding - reference_model(ids)).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_text_and_input_ids_give_the_same_outputs(server, protocol, tokenizer):
+    texts = ["short one", "a somewhat longer row of text that lands in another bucket " * 3]
+    c = client(server, protocol)
+    by_text, _ = infer(c, "minilm", text_inputs(protocol, texts))
+    by_ids, tokens = infer(c, "minilm", id_inputs(protocol, tokenizer.encode(texts, truncate=True)))
+    assert np.abs(by_text - by_ids).max() <= 1e-6
+    # without a mask every id is a real token: a single row needs none
+    alone, _ = infer(
+        c, "minilm", id_inputs(protocol, tokenizer.encode(texts[:1], True), with_mask=False)
+    )
+    assert np.abs(alone - by_text[:1]).max() <= 1e-6
+
+
+def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference_model):
+    texts = corpus_rows(400, seed=11)
+    ids = tokenizer.encode(texts, truncate=True)
+    expected = reference_model(ids)
+    rng = np.random.default_rng(5)
+    # requests of 1..4 rows, random lengths, alternating protocols
+    cuts = np.cumsum(rng.integers(1, 5, size=200))
+    cuts = cuts[cuts < len(texts)]
+    spans = list(
+        zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(texts)]]), strict=True)
+    )
+    forwards_before = total(server, "planner_forwards_total")
+    rows_before = total(server, "planner_rows_total")
+
+    def send(k: int):
+        a, b = spans[k]
+        protocol = PROTOCOLS[k % 2]
+        c = client(server, protocol)
+        return k, infer(c, "minilm", text_inputs(protocol, texts[a:b]))
+
+    with ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(send, range(len(spans))))
+    for k, (embedding, tokens) in results:
+        a, b = spans[k]
+        assert tokens[:, 0].tolist() == [len(r) for r in ids[a:b]]
+        assert np.abs(embedding - expected[a:b]).max() <= TOLERANCE, f"request {k} got other rows"
+    rows = total(server, "planner_rows_total") - rows_before
+    forwards = total(server, "planner_forwards_total") - forwards_before
+    assert rows == len(texts)
+    assert forwards < rows / 3, (
+        f"{forwards} forwards for {rows} rows: concurrent rows shared forwards"
+    )
+
+
+def test_metrics_report_tokens_plan_costs_and_latency(server):
+    infer(client(server, "http"), "minilm", text_inputs("http", ["metrics please"]))
+    tokens = metric_values(server, "planner_tokens_total")
+    real = sum(v for k, v in tokens.items() if 'kind="real"' in k)
+    padded = sum(v for k, v in tokens.items() if 'kind="padded"' in k)
+    assert 0 < real <= padded
+    planned = total(server, "planner_plan_cost_total", plan="planned")
+    baseline = total(server, "planner_plan_cost_total", plan="per_bucket")
+    assert 0 < planned <= baseline * (1 + 1e-9)
+    assert total(server, "planner_forward_seconds_count") >= 1
+    assert (
+        "planner_queue_rows"
+        in urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+
+
+def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):
+    own = start_server(repository, tmp_path / "stop.log")
+    try:
+        infer(client(own, "http"), "minilm", text_inputs("http", ["one request before stopping"]))
+        pid = own.process.pid
+        # each stub's command line names its server's pid
+        stubs = [p for p in _processes() if "triton_python_backend_stub" in p and f" {pid} " in p]
+        assert len(stubs) == 3, stubs  # one per model in the repository
+    finally:
+        code = own.stop()
+    assert code == 0, f"tritonserver exited with {code}"
+    left = [p for p in _processes() if f" {pid} " in p or p.lstrip().startswith(f"{pid} ")]
+    assert not left, f"left running: {left}"
+
+
+def _processes() -> list[str]:
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
+    return out.splitlines()[1:]

