@@ -57,7 +57,7 @@ def test_text_and_input_ids_give_the_same_outputs(server, protocol, tokenizer):
     texts = ["short one", "a somewhat longer row of text that lands in another bucket " * 3]
     c = client(server, protocol)
     by_text, _ = infer(c, "minilm", text_inputs(protocol, texts))
-    by_ids, tokens = infer(c, "minilm", id_inputs(protocol, tokenizer.encode(texts, truncate=True)))
+    by_ids, _ = infer(c, "minilm", id_inputs(protocol, tokenizer.encode(texts, truncate=True)))
     assert np.abs(by_text - by_ids).max() <= 1e-6
     # without a mask every id is a real token: a single row needs none
     alone, _ = infer(

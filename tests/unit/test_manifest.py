@@ -100,7 +100,7 @@ def test_a_missing_manifest_says_how_to_build_one(tmp_path):
 def test_a_manifest_naming_a_missing_engine_file_is_refused(tmp_path):
     manifest().write(tmp_path)
     (tmp_path / "tokenizer.json").write_text("x")
-    with pytest.raises(ManifestError, match="missing: .*model.onnx"):
+    with pytest.raises(ManifestError, match=r"missing: .*model\.onnx"):
         load_manifest(tmp_path)
 
 
