@@ -2,10 +2,12 @@
 # Debian packages the project needs: installed when run as root, else a clear message.
 #   libpython3.11  - the Triton Python-backend stub links libpython3.11.so.1.0
 #   libb64-0d      - perf_analyzer (from the tritonclient wheel) links libb64
+#   docker-compose - validates docker-compose.yml in the tests (no Docker engine needed)
 set -euo pipefail
 needed=()
 ldconfig -p | grep -q 'libpython3\.11\.so\.1\.0' || needed+=(libpython3.11)
 ldconfig -p | grep -q 'libb64\.so\.0d' || needed+=(libb64-0d)
+command -v docker-compose >/dev/null || needed+=(docker-compose)
 if [ ${#needed[@]} -eq 0 ]; then
   exit 0
 fi

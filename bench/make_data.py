@@ -1,0 +1,42 @@
+"""Writes the benchmark's input data from real text (the licence texts every Debian host has).
+
+    python bench/make_data.py [--rows 1000] [--requests 500]
+
+- bench/data/sample_texts.txt: one row of text a line; the builder chooses buckets from it;
+- bench/data/perf_input.json: perf_analyzer --input-data, one row (TEXT [1]) per request, the
+  same requests for every model measured.
+The rows are cut with builder.corpus (sentences, paragraphs, runs of paragraphs), so their token
+lengths spread like real traffic: many short rows and a long tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from builder.corpus import corpus_rows  # noqa: E402
+
+DATA = ROOT / "bench" / "data"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1000, help="rows in sample_texts.txt")
+    parser.add_argument("--requests", type=int, default=500, help="requests in perf_input.json")
+    args = parser.parse_args()
+    DATA.mkdir(parents=True, exist_ok=True)
+    sample = corpus_rows(args.rows, seed=1)
+    (DATA / "sample_texts.txt").write_text("\n".join(sample) + "\n")
+    requests = corpus_rows(args.requests, seed=2)
+    data = {"data": [{"TEXT": {"content": [text], "shape": [1]}} for text in requests]}
+    (DATA / "perf_input.json").write_text(json.dumps(data, indent=0) + "\n")
+    print(f"wrote {len(sample)} sample rows and {len(requests)} requests to {DATA}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+# The server: NVIDIA's Triton image with the Python backend, plus this project's python_backend.
+ARG NGC_RELEASE=24.10
+FROM nvcr.io/nvidia/tritonserver:${NGC_RELEASE}-py3
+ARG TENSORRT_VERSION=10.5.0
+# the TensorRT runtime for Python, the same version as the builder's (checked below); torch for
+# device buffers, streams and CUDA graphs
+RUN pip install --no-cache-dir "tensorrt-cu12==${TENSORRT_VERSION}.*" torch numpy tokenizers onnxruntime \
+    && python3 -c "import tensorrt, sys; v = tensorrt.__version__; \
+sys.exit(0 if v.startswith('${TENSORRT_VERSION}') else f'TensorRT {v}, expected ${TENSORRT_VERSION}')"
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY python_backend python_backend
+RUN pip install --no-cache-dir --no-deps -e .

@@ -1,0 +1,82 @@
+"""docker-compose.yml: valid for docker-compose, and shaped as the GPU deployment needs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        pytest.fail("docker-compose is missing: `make setup` installs Debian's package")
+    result = subprocess.run(
+        [tool, "-f", str(ROOT / "docker-compose.yml"), "--profile", "bench", "config"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def gpu_devices(service: dict) -> list[dict]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def test_builder_and_server_reserve_a_gpu(compose):
+    for name in ("builder", "triton"):
+        devices = gpu_devices(compose["services"][name])
+        assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+
+
+def test_server_starts_after_the_builder_completed_and_reports_health(compose):
+    triton = compose["services"]["triton"]
+    assert triton["depends_on"]["builder"]["condition"] == "service_completed_successfully"
+    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    assert {p["target"] for p in triton["ports"]} == {8000, 8001, 8002}
+    perf = compose["services"]["perf"]
+    assert perf["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert perf["profiles"] == ["bench"]
+
+
+def test_engines_travel_from_builder_to_server_through_one_volume(compose):
+    def mounts(service):
+        """target -> (source, mode), from the short form docker-compose prints."""
+        out = {}
+        for volume in compose["services"][service]["volumes"]:
+            source, target, *mode = volume.split(":")
+            out[target] = (source, mode[0] if mode else "rw")
+        return out
+
+    assert mounts("builder")["/models"] == ("models", "rw")
+    assert mounts("triton")["/models"] == ("models", "ro")
+    assert "models" in compose["volumes"]
+    assert "--repository=/models" in compose["services"]["builder"]["command"]
+    assert "--model-repository=/models" in compose["services"]["triton"]["command"]
+
+
+def test_builder_and_server_carry_one_tensorrt_version(compose):
+    builder = compose["services"]["builder"]["build"]["args"]
+    triton = compose["services"]["triton"]["build"]["args"]
+    assert builder == triton
+    release = builder["NGC_RELEASE"]
+    assert compose["services"]["perf"]["image"].endswith(f":{release}-py3-sdk")
+    for dockerfile in ("builder.Dockerfile", "triton.Dockerfile"):
+        text = (ROOT / "docker" / dockerfile).read_text()
+        assert re.search(r"FROM nvcr\.io/nvidia/\w+:\$\{NGC_RELEASE\}-py3", text)
+        assert "tensorrt.__version__" in text and "${TENSORRT_VERSION}" in text
+
+
+def test_the_perf_service_reads_the_benchmark_input(compose):
+    command = compose["services"]["perf"]["command"]
+    assert "--input-data=/bench/perf_input.json" in command
+    assert (ROOT / "bench" / "data" / "perf_input.json").is_file()
