@@ -69,6 +69,12 @@ class TritonMetrics(SchedulerMetrics):
             description="Requests refused or failed, by reason",
             kind=mf.COUNTER,
         )
+        self._splits_family = mf(
+            name="planner_split_total",
+            description="Forwards that failed and were split and retried",
+            kind=mf.COUNTER,
+        )
+        self._splits = self._splits_family.Metric(labels={"model": model_name})
         histogram_kind = getattr(mf, "HISTOGRAM", None)
         self._latency = None
         if histogram_kind is not None:
@@ -123,3 +129,7 @@ class TritonMetrics(SchedulerMetrics):
             metric = self._refused.Metric(labels={"model": self._model, "reason": reason})
             self._by_reason[reason] = metric
         metric.increment(1)
+
+    @never_raises
+    def split(self, padded_length: int, rows: int) -> None:
+        self._splits.increment(1)

@@ -58,6 +58,8 @@ class SchedulerMetrics:
 
     def refused(self, reason: str) -> None: ...
 
+    def split(self, padded_length: int, rows: int) -> None: ...
+
 
 @dataclass(eq=False)
 class PendingRequest:
@@ -256,6 +258,7 @@ class Scheduler:
             )
             self.metrics.refused("forward_failed")
             return
+        self.metrics.split(padded_length, len(group))
         # a budget strictly below what failed: long rows split off, short ones stay together
         budget = max(1, (len(group) * padded_length) // 2)
 
