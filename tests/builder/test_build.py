@@ -21,25 +21,18 @@ from python_backend.manifest import load_manifest
 TOLERANCE = 1e-4
 
 
-def build(repository: Path, model_dir: Path, name: str, *extra: str) -> Path:
-    code = builder_main(
-        [
-            "build",
-            "--model-dir",
-            str(model_dir),
-            "--name",
-            name,
-            "--repository",
-            str(repository),
-            "--engine",
-            "onnxruntime",
-            "--calibration-repeats",
-            "0",
-            "--quiet",
-            *extra,
-        ]
-    )
-    assert code == 0
+def build(repository: Path, model_dir: Path, name: str, *extra: str, quiet: bool = True) -> Path:
+    """Builds with ONNX Runtime, without calibration unless ``extra`` asks for it."""
+    args = ["build", "--model-dir", str(model_dir), "--name", name]
+    args += [
+        "--repository",
+        str(repository),
+        "--engine",
+        "onnxruntime",
+        "--calibration-repeats",
+        "0",
+    ]
+    assert builder_main([*args, *extra, *(["--quiet"] if quiet else [])]) == 0
     return repository / name / "1"
 
 
@@ -146,56 +139,38 @@ def test_rows_above_the_last_bucket_run_at_their_exact_length(tmp_path, tiny_cla
 def test_buckets_are_chosen_from_a_length_sample(tmp_path, tiny_classifier_dir, capsys):
     sample = tmp_path / "lengths.txt"
     sample.write_text("\n".join(str(n) for n in [5] * 60 + [12] * 30 + [50] * 10))
-    code = builder_main(
-        [
-            "build",
-            "--model-dir",
-            str(tiny_classifier_dir),
-            "--name",
-            "clf",
-            "--repository",
-            str(tmp_path),
-            "--engine",
-            "onnxruntime",
-            "--calibration-repeats",
-            "0",
-            "--lengths-file",
-            str(sample),
-            "--num-buckets",
-            "3",
-            "--max-length",
-            "64",
-        ]
+    build(
+        tmp_path,
+        tiny_classifier_dir,
+        "clf",
+        "--lengths-file",
+        str(sample),
+        "--num-buckets",
+        "3",
+        "--max-length",
+        "64",
+        quiet=False,
     )
-    assert code == 0
     out = capsys.readouterr().out
     assert "chosen buckets [5, 12, 64]" in out and "power-of-two buckets" in out
     assert [b.length for b in load_manifest(tmp_path / "clf" / "1").buckets] == [5, 12, 64]
 
 
 def test_calibration_stores_a_fitted_cost_model(tmp_path, tiny_classifier_dir, capsys):
-    code = builder_main(
-        [
-            "build",
-            "--model-dir",
-            str(tiny_classifier_dir),
-            "--name",
-            "clf",
-            "--repository",
-            str(tmp_path),
-            "--engine",
-            "onnxruntime",
-            "--buckets",
-            "8,32",
-            "--max-length",
-            "32",
-            "--calibration-repeats",
-            "1",
-            "--token-budget",
-            "256",
-        ]
+    build(
+        tmp_path,
+        tiny_classifier_dir,
+        "clf",
+        "--buckets",
+        "8,32",
+        "--max-length",
+        "32",
+        "--calibration-repeats",
+        "1",
+        "--token-budget",
+        "256",
+        quiet=False,
     )
-    assert code == 0
     assert "worst relative error" in capsys.readouterr().out
     manifest = load_manifest(tmp_path / "clf" / "1")
     assert manifest.cost_model["kind"] == "affine"

@@ -1,0 +1,362 @@
+"""Serving benchmark: the planner model beside Triton's dynamic batcher, on one engine, one run.
+
+    python bench/serving.py [--concurrency 1,2,4,8,16,32,64] [--measurement-ms 4000] [--rebuild]
+
+One Triton server holds three models over the same engine files (built from the real-text
+sample, buckets chosen from its lengths):
+- planner_dp: this project's model (own queue, DP planner, bucketed forwards);
+- planner_per_bucket: the same queue with the planner swapped for per-bucket grouping;
+- dynamic_batcher: the peer a user would write: Triton's dynamic batcher, every batch padded to
+  its longest row, one forward per batch.
+perf_analyzer sends the same requests (bench/data/perf_input.json, one real-text row each) to
+each model in turn at each concurrency. The engine-only limit runs the same rows straight through
+the engine in the planner's groups, with no server. Results go to docs/PERFORMANCE.md (between
+markers) and docs/serving_throughput_p99.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from builder.cli import main as build_main  # noqa: E402
+from builder.triton_config import model_config, read_config, write_config  # noqa: E402
+from tools.perf_analyzer import run_perf_analyzer  # noqa: E402
+from tools.triton_server import TritonServer, free_port  # noqa: E402
+
+MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
+PEER = "dynamic_batcher"
+INPUT_DATA = ROOT / "bench" / "data" / "perf_input.json"
+SAMPLE = ROOT / "bench" / "data" / "sample_texts.txt"
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+PLOT = ROOT / "docs" / "serving_throughput_p99.png"
+BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
+PEER_MODEL_PY = '''"""The dynamic-batching peer (bench only): see bench/dynamic_batching_model.py."""
+
+from bench.dynamic_batching_model import TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+PEER_QUEUE_DELAY_US = 2000
+
+
+def build_repository(target: Path, rebuild: bool) -> tuple[Path, str]:
+    """The three models over one set of engine files; returns (repository, builder output)."""
+    version = target / "planner_dp" / "1"
+    log = target / "build.log"
+    if rebuild or not (version / "manifest.json").is_file():
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = build_main(
+                [
+                    "build",
+                    "--name",
+                    "planner_dp",
+                    "--repository",
+                    str(target),
+                    "--texts-file",
+                    str(SAMPLE),
+                    "--engine",
+                    "onnxruntime",
+                ]
+            )
+        log.write_text(out.getvalue())
+        if code:
+            sys.exit("the bench model failed to build:\n" + out.getvalue())
+    base = read_config(target / "planner_dp" / "config.pbtxt")
+    params = {k: v.string_value for k, v in base.parameters.items()}
+    for name in ("planner_per_bucket", PEER):
+        folder = target / name / "1"
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in version.iterdir():
+            link = folder / item.name
+            if item.name == "model.py" or link.exists():
+                continue
+            link.symlink_to(item.resolve())
+    write_config(
+        model_config("planner_per_bucket", "EMBEDDING", 384, params | {"planner": "per_bucket"}),
+        target / "planner_per_bucket",
+    )
+    (target / "planner_per_bucket" / "1" / "model.py").write_text(
+        (version / "model.py").read_text()
+    )
+    peer = model_config(PEER, "EMBEDDING", 384)
+    peer.dynamic_batching.max_queue_delay_microseconds = PEER_QUEUE_DELAY_US
+    write_config(peer, target / PEER)
+    (target / PEER / "1" / "model.py").write_text(PEER_MODEL_PY)
+    return target, log.read_text()
+
+
+def request_rows(version_dir: Path) -> list[np.ndarray]:
+    from python_backend.manifest import load_manifest
+    from python_backend.tokenization import TextTokenizer
+
+    manifest = load_manifest(version_dir)
+    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
+    texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
+    return tokenizer.encode(texts, truncate=True)
+
+
+def engine_only_limit(
+    version_dir: Path, rows: list[np.ndarray], collection: int, rounds: int = 2
+) -> float:
+    """Rows/s of the same rows run straight through the engine in the DP planner's groups."""
+    from python_backend.engines import open_engine
+    from python_backend.engines.base import pad_rows
+    from python_backend.manifest import load_manifest
+    from python_backend.planner import plan_batches
+
+    manifest = load_manifest(version_dir)
+    engine = open_engine(manifest, version_dir)
+    layout, cost = engine.layout, manifest.planner_cost()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        for a in range(0, len(rows), collection):
+            part = rows[a : a + collection]
+            groups = plan_batches(
+                [len(r) for r in part],
+                layout.pad_len,
+                layout.max_rows,
+                manifest.max_batch,
+                cost,
+                layout.mergeable,
+            )
+            for t, members in groups:
+                ids, mask = pad_rows([part[i] for i in members], t, manifest.pad_token_id)
+                engine.run(ids, mask)
+    return rounds * len(rows) / (time.perf_counter() - started)
+
+
+def histogram(lengths: list[int]) -> str:
+    edges = [0, 16, 32, 64, 128, 192, 256]
+    lines = ["| tokens | rows | share |", "|---|---|---|"]
+    arr = np.asarray(lengths)
+    for lo, hi in itertools.pairwise(edges):
+        n = int(((arr > lo) & (arr <= hi)).sum())
+        lines.append(f"| {lo + 1}-{hi} | {n} | {n / len(arr):.0%} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for model, points in results.items():
+        xs = [p["p99_ms"] for p in points]
+        ys = [p["rows_per_s"] for p in points]
+        ax.plot(xs, ys, marker="o", label=model)
+        for p in points:
+            ax.annotate(
+                str(p["concurrency"]),
+                (p["p99_ms"], p["rows_per_s"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("p99 latency (ms, log scale); labels: concurrency")
+    ax.set_ylabel("throughput (rows/s)")
+    ax.set_title("MiniLM on ONNX Runtime (2 CPU cores), real-text rows")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def measure(
+    model: str, url: str, concurrency: int, tmp: Path, ms: int, rate: float | None = None
+) -> tuple[dict, bool]:
+    """One point: stable within 30% over 3 windows if the shared machine allows, else the last
+    windows as they were (marked unstable in the table)."""
+    csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
+    kw = {"measurement_ms": ms, "request_rate": rate}
+    try:
+        row, _ = run_perf_analyzer(
+            model, url, INPUT_DATA, concurrency, csv_path, max_trials=6, stability_percent=30, **kw
+        )
+        return row, True
+    except RuntimeError as err:
+        if "stable" not in str(err):
+            raise
+    row, _ = run_perf_analyzer(
+        model, url, INPUT_DATA, concurrency, csv_path, max_trials=3, stability_percent=1000, **kw
+    )
+    return row, False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    parser.add_argument("--measurement-ms", type=int, default=4000)
+    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the bench model")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    repository, build_log = build_repository(args.repository, args.rebuild)
+    version = repository / "planner_dp" / "1"
+    rows = request_rows(version)
+    lengths = [len(r) for r in rows]
+    mean_tokens = float(np.mean(lengths))
+    print(build_log)
+    print(
+        f"{len(rows)} requests of one row; tokens: mean {mean_tokens:.1f}, median "
+        f"{np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, max {max(lengths)}"
+    )
+    limit = engine_only_limit(version, rows, collection=max(levels))
+    print(f"engine-only limit: {limit:.1f} rows/s ({limit * mean_tokens:.0f} real tokens/s)")
+
+    results: dict[str, list[dict]] = {m: [] for m in MODELS}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = TritonServer(
+            repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
+        )
+        with server:
+            for model in MODELS:  # warm-up: first forwards allocate
+                run_perf_analyzer(
+                    model,
+                    server.grpc_url,
+                    INPUT_DATA,
+                    4,
+                    Path(tmp) / "w.csv",
+                    measurement_ms=1500,
+                    max_trials=3,
+                    stability_percent=1000,
+                )
+            for c in levels:
+                for model in MODELS:
+                    row, stable = measure(model, server.grpc_url, c, Path(tmp), args.measurement_ms)
+                    point = {
+                        "concurrency": c,
+                        "rows_per_s": row["Inferences/Second"],
+                        "p50_ms": row["p50 latency"] / 1e3,
+                        "p90_ms": row["p90 latency"] / 1e3,
+                        "p99_ms": row["p99 latency"] / 1e3,
+                        "stable": stable,
+                    }
+                    results[model].append(point)
+                    print(
+                        f"c={c:>3} {model:<19} {point['rows_per_s']:7.1f} rows/s  "
+                        f"p50 {point['p50_ms']:8.1f}  p99 {point['p99_ms']:8.1f} ms",
+                        flush=True,
+                    )
+            # the same offered load for both: half the peer's peak, which both can sustain
+            half_load = 0.5 * max(p["rows_per_s"] for p in results[PEER])
+            at_half = {}
+            for model in ("planner_dp", PEER):
+                row, stable = measure(
+                    model, server.grpc_url, 1, Path(tmp), args.measurement_ms, rate=half_load
+                )
+                at_half[model] = (row["p50 latency"] / 1e3, row["p99 latency"] / 1e3, stable)
+                print(
+                    f"rate {half_load:.1f}/s {model:<19} p50 {at_half[model][0]:8.1f}  "
+                    f"p99 {at_half[model][1]:8.1f} ms",
+                    flush=True,
+                )
+    text = report(results, limit, mean_tokens, lengths, build_log, levels, args)
+    text += "\n\n" + half_load_report(half_load, at_half)
+    print(text)
+    if not args.no_write:
+        plot(results, PLOT)
+        write_doc(text)
+    return 0
+
+
+def report(results, limit, mean_tokens, lengths, build_log, levels, args) -> str:
+    peer = {p["concurrency"]: p for p in results[PEER]}
+    lines = [
+        "## Serving: the planner beside Triton's dynamic batcher",
+        "",
+        f"    python bench/serving.py --concurrency {args.concurrency} --measurement-ms {args.measurement_ms}"
+        "   # or: make bench",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), no GPU; Triton 2.51.0 from "
+        "the nvidia-pytriton wheel; ONNX Runtime (CPU, fp32); MiniLM-L6 embeddings. One server held "
+        "the three models over the same engine files; perf_analyzer (gRPC, one real-text row per "
+        "request, the same requests for every model) measured each model in turn at each concurrency.",
+        "",
+        "- **planner_dp**: this project's model: own queue, exact DP planner, bucketed forwards.",
+        "- **planner_per_bucket**: the same queue, planner swapped for per-bucket grouping.",
+        f"- **dynamic_batcher**: the peer: Triton's `dynamic_batching` (max queue delay "
+        f"{PEER_QUEUE_DELAY_US} us, up to 64 rows), every batch padded to its longest row.",
+        "",
+        "Builder output for this corpus (buckets chosen from the sample's lengths):",
+        "",
+        *["    " + line for line in build_log.splitlines() if "bucket" in line or "fit:" in line],
+        "",
+        f"Request lengths ({len(lengths)} rows, mean {mean_tokens:.1f} tokens):",
+        "",
+        histogram(lengths),
+        "",
+        "| concurrency | model | rows/s | real tokens/s | p50 ms | p90 ms | p99 ms | rows/s vs peer | p99 vs peer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in levels:
+        for model in MODELS:
+            p = next(x for x in results[model] if x["concurrency"] == c)
+            ratio = p["rows_per_s"] / peer[c]["rows_per_s"]
+            p99_ratio = p["p99_ms"] / peer[c]["p99_ms"]
+            lines.append(
+                f"| {c} | {model} | {p['rows_per_s']:.1f} | {p['rows_per_s'] * mean_tokens:.0f} | "
+                f"{p['p50_ms']:.0f} | {p['p90_ms']:.0f} | {p['p99_ms']:.0f} | {ratio:.2f}x | {p99_ratio:.2f}x |"
+                + ("" if p["stable"] else " (unstable)")
+            )
+    best = max(p["rows_per_s"] for p in results["planner_dp"])
+    lines += [
+        "",
+        f"Engine-only limit (the same rows through the engine in the planner's groups of "
+        f"{max(levels)}-row collections, no server): {limit:.1f} rows/s, {limit * mean_tokens:.0f} "
+        f"real tokens/s. Server efficiency (best served over the limit): {best / limit:.0%}.",
+        "",
+        "![throughput against p99 latency](serving_throughput_p99.png)",
+    ]
+    return "\n".join(lines)
+
+
+def half_load_report(rate: float, at_half: dict[str, tuple[float, float, bool]]) -> str:
+    lines = [
+        f"At half the peer's peak load ({rate:.1f} requests/s offered at a constant rate to each "
+        "model in turn, perf_analyzer `--request-rate-range`):",
+        "",
+        "| model | p50 ms | p99 ms | p99 vs peer |",
+        "|---|---|---|---|",
+    ]
+    for model, (p50, p99, stable) in at_half.items():
+        ratio = p99 / at_half[PEER][1]
+        lines.append(
+            f"| {model} | {p50:.0f} | {p99:.0f} | {ratio:.2f}x |"
+            + ("" if stable else " (unstable)")
+        )
+    return "\n".join(lines)
+
+
+def write_doc(section: str) -> None:
+    text = DOC.read_text() if DOC.is_file() else "# Performance\n"
+    block = f"{BEGIN}\n{section}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Runs the perf_analyzer binary that tools/install_perf_analyzer.sh puts in build/perf."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BINARY = ROOT / "build" / "perf" / "perf_analyzer"
+
+
+def perf_analyzer_env() -> dict[str, str]:
+    """libcudart from the nvidia-cuda-runtime-cu12 wheel on the library path (no GPU needed)."""
+    import nvidia.cuda_runtime
+
+    lib = os.path.join(next(iter(nvidia.cuda_runtime.__path__)), "lib")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [lib, env.get("LD_LIBRARY_PATH", "")]))
+    return env
+
+
+def run_perf_analyzer(
+    model: str,
+    grpc_url: str,
+    input_data: Path,
+    concurrency: int,
+    csv_path: Path,
+    measurement_ms: int = 4000,
+    max_trials: int = 4,
+    stability_percent: float = 50,
+    timeout_s: float = 300,
+    request_rate: float | None = None,
+) -> tuple[dict[str, float], str]:
+    """One point: ``concurrency`` requests in flight, or an offered ``request_rate`` per second.
+
+    Returns (the CSV row as numbers, perf_analyzer's output)."""
+    if not BINARY.is_file():
+        raise FileNotFoundError(f"{BINARY} is missing: run `make setup`")
+    command = [
+        str(BINARY),
+        "-m",
+        model,
+        "-u",
+        grpc_url,
+        "-i",
+        "grpc",
+        f"--input-data={input_data}",
+        "--shape=TEXT:1",
+        *(
+            [f"--concurrency-range={concurrency}:{concurrency}"]
+            if request_rate is None
+            else [f"--request-rate-range={request_rate:.2f}:{request_rate:.2f}", "--max-threads=64"]
+        ),
+        f"--measurement-interval={measurement_ms}",
+        f"--max-trials={max_trials}",
+        f"--stability-percentage={stability_percent}",
+        "-f",
+        str(csv_path),
+    ]
+    done = subprocess.run(
+        command, env=perf_analyzer_env(), capture_output=True, text=True, timeout=timeout_s
+    )
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed ({done.returncode}):\n{output[-3000:]}")
+    with open(csv_path) as f:
+        row = next(csv.DictReader(f))
+    return {k: float(v) for k, v in row.items() if v not in (None, "")}, output
