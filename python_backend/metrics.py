@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +29,8 @@ def never_raises(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+# how stale the served metrics may get while the scheduler is busy (it flushes when idle)
+FLUSH_INTERVAL_S = 0.5
 LATENCY_BUCKETS_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 
 
@@ -36,6 +41,11 @@ class TritonMetrics(SchedulerMetrics):
         mf = pb_utils.MetricFamily
         self._warned = False
         self._log = pb_utils.Logger.log_warn
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, object]] = Counter()  # (what, label) -> amount pending
+        self._latencies: list[tuple[int, float]] = []  # (bucket, seconds) pending
+        self._queue_rows: int | None = None  # latest queue depth, pending
+        self._last_flush = time.monotonic()
         self._model = model_name
         # Triton requires every MetricFamily to outlive its Metrics: all are kept on self
         self._queue_family = mf(
@@ -103,33 +113,68 @@ class TritonMetrics(SchedulerMetrics):
             self._by_bucket[padded_length] = metrics
         return metrics
 
-    @never_raises
+    # -- updates are recorded here and sent to Triton in batches: each Metric call is a message
+    # to the server process, and five of them per forward cost more than the forward on a GPU
+
     def queue_depth(self, rows: int) -> None:
-        self._queue.set(rows)
+        with self._lock:
+            self._queue_rows = rows
 
-    @never_raises
     def forward(self, padded_length: int, rows: int, real_tokens: int, seconds: float) -> None:
-        row_metric, forward_metric, latency = self._bucket(padded_length)
-        row_metric.increment(rows)
-        forward_metric.increment(1)
-        self._real.increment(real_tokens)
-        self._padded.increment(rows * padded_length)
-        if latency is not None:
-            latency.observe(seconds)
+        with self._lock:
+            self._counts[("rows", padded_length)] += rows
+            self._counts[("forwards", padded_length)] += 1
+            self._counts[("tokens", "real")] += real_tokens
+            self._counts[("tokens", "padded")] += rows * padded_length
+            self._latencies.append((padded_length, seconds))
 
-    @never_raises
     def plan(self, planned_cost: float, per_bucket_cost: float) -> None:
-        self._planned.increment(planned_cost)
-        self._baseline.increment(per_bucket_cost)
+        with self._lock:
+            self._counts[("cost", "planned")] += planned_cost
+            self._counts[("cost", "per_bucket")] += per_bucket_cost
+
+    def refused(self, reason: str) -> None:
+        with self._lock:
+            self._counts[("refused", reason)] += 1
+
+    def split(self, padded_length: int, rows: int) -> None:
+        with self._lock:
+            self._counts[("split", None)] += 1
+
+    def flush_if_due(self) -> None:
+        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+            self.flush()
 
     @never_raises
-    def refused(self, reason: str) -> None:
+    def flush(self) -> None:
+        """Sends what was recorded since the last flush to Triton."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+            latencies, self._latencies = self._latencies, []
+            queue_rows, self._queue_rows = self._queue_rows, None
+            self._last_flush = time.monotonic()
+        for (kind, key), amount in counts.items():
+            if kind in ("rows", "forwards"):
+                rows_metric, forwards_metric, _ = self._bucket(int(key))  # type: ignore[arg-type]
+                (rows_metric if kind == "rows" else forwards_metric).increment(amount)
+            elif kind == "tokens":
+                (self._real if key == "real" else self._padded).increment(amount)
+            elif kind == "cost":
+                (self._planned if key == "planned" else self._baseline).increment(amount)
+            elif kind == "refused":
+                self._refused_metric(str(key)).increment(amount)
+            elif kind == "split":
+                self._splits.increment(amount)
+        for padded_length, seconds in latencies:
+            latency = self._bucket(padded_length)[2]
+            if latency is not None:
+                latency.observe(seconds)
+        if queue_rows is not None:
+            self._queue.set(queue_rows)
+
+    def _refused_metric(self, reason: str) -> Any:
         metric = self._by_reason.get(reason)
         if metric is None:
             metric = self._refused.Metric(labels={"model": self._model, "reason": reason})
             self._by_reason[reason] = metric
-        metric.increment(1)
-
-    @never_raises
-    def split(self, padded_length: int, rows: int) -> None:
-        self._splits.increment(1)
+        return metric

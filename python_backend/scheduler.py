@@ -35,6 +35,7 @@ from python_backend.cost_models import CostModel
 from python_backend.engines.base import Engine, pad_rows
 from python_backend.planner import per_bucket_groups, plan_batches, plan_cost
 
+IDLE_WAKE_S = 0.25  # how often an idle scheduler wakes to publish metrics
 # a response: (outputs [B, D] fp32, tokens per row [B] int32) or an error
 Respond = Callable[[np.ndarray | None, np.ndarray | None, "ServeError | None"], None]
 
@@ -59,6 +60,12 @@ class SchedulerMetrics:
     def refused(self, reason: str) -> None: ...
 
     def split(self, padded_length: int, rows: int) -> None: ...
+
+    def flush_if_due(self) -> None:
+        """Publishes what was recorded, if it has waited long enough (called between forwards)."""
+
+    def flush(self) -> None:
+        """Publishes what was recorded now (called when the scheduler goes idle)."""
 
 
 @dataclass(eq=False)
@@ -176,12 +183,21 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if not self._queue and self._stop:
+                if not self._queue and not self._stop:
+                    # idle: wake now and then, so metrics recorded meanwhile (refusals in
+                    # execute) are published even when no forward runs
+                    self._cond.wait(timeout=IDLE_WAKE_S)
+                if not self._queue:
+                    collection = None
+                else:
+                    collection, self._queue, self._queued_rows = self._queue, [], 0
+                    self.metrics.queue_depth(0)
+                stopping = self._stop
+            if collection is None:
+                self.metrics.flush()  # outside the lock: submit never waits on it
+                if stopping:
                     return
-                collection, self._queue, self._queued_rows = self._queue, [], 0
-                self.metrics.queue_depth(0)
+                continue
             try:
                 self.run_collection(collection)
             except Exception as err:  # never lose a request, never kill the thread
@@ -234,6 +250,7 @@ class Scheduler:
         self.metrics.forward(
             padded_length, len(group), int(mask.sum()), time.perf_counter() - started
         )
+        self.metrics.flush_if_due()
         for row, values in zip(group, out, strict=True):
             request = row.request
             if request.done:

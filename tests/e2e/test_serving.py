@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +28,14 @@ def metric_values(server, name: str) -> dict[str, float]:
     return out
 
 
-def total(server, name: str, **labels) -> float:
+# the model publishes metrics in batches: at once when idle, and at least every 0.25 s idle or
+# 0.5 s busy; reading after this long sees everything the requests so far recorded
+SETTLE_S = 0.8
+
+
+def total(server, name: str, settle: bool = True, **labels) -> float:
+    if settle:
+        time.sleep(SETTLE_S)
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(v for k, v in metric_values(server, name).items() if all(w in k for w in want))
 
@@ -102,6 +110,7 @@ def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference
 
 def test_metrics_report_tokens_plan_costs_and_latency(server):
     infer(client(server, "http"), "minilm", text_inputs("http", ["metrics please"]))
+    time.sleep(SETTLE_S)
     tokens = metric_values(server, "planner_tokens_total")
     real = sum(v for k, v in tokens.items() if 'kind="real"' in k)
     padded = sum(v for k, v in tokens.items() if 'kind="padded"' in k)
