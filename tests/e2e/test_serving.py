@@ -145,3 +145,20 @@ def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):
 def _processes() -> list[str]:
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
     return out.splitlines()[1:]
+
+
+def test_a_broken_manifest_fails_model_load_naming_the_field(repository, tmp_path):
+    import json
+    import shutil
+
+    broken = tmp_path / "repository"
+    shutil.copytree(repository / "minilm", broken / "minilm", symlinks=True)
+    manifest = broken / "minilm" / "1" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    del data["family"]
+    manifest.unlink()  # a copy, never the shared file behind a link
+    manifest.write_text(json.dumps(data))
+    log = tmp_path / "broken.log"
+    with pytest.raises(RuntimeError, match="tritonserver exited"):
+        start_server(broken, log)
+    assert "manifest field 'family' is missing" in log.read_text()
