@@ -1,7 +1,8 @@
 """The model's own queue and the one thread that plans and runs it.
 
 One owner: ``submit`` (called from Triton's ``execute``) only appends under a lock; the scheduler
-thread alone takes work, plans, runs forwards and answers. Each request is answered exactly once:
+thread alone takes work, plans, runs forwards and decides the answers (a responder thread sends
+them). Each request is answered exactly once:
 with its outputs, or with an error saying why (queue full, deadline passed, cancelled, a forward
 that failed even alone, shutdown).
 
@@ -12,7 +13,8 @@ A step of the loop ("a collection"):
 4. run the groups oldest first: a group's age is that of the oldest request it serves, so the
    request that has waited longest is completed first, and a request is answered the moment its
    last row is computed, not at the end of the collection;
-5. requests that arrive meanwhile wait for the next collection. A request therefore waits at most
+5. answers leave through a responder thread, so the next forward never waits on a send;
+6. requests that arrive meanwhile wait for the next collection. A request therefore waits at most
    for the collection in flight and then its own: nothing starves behind a stream of newcomers.
 
 When a forward fails (out of memory, an engine limit, a poisoned row) the group is split, not
@@ -23,7 +25,9 @@ A row that fails alone fails its request with the cause; every other request is 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -83,14 +87,24 @@ class PendingRequest:
     def __post_init__(self) -> None:
         self.remaining = len(self.rows)
 
-    def answer(self, outputs: np.ndarray | None, error: ServeError | None) -> bool:
-        """Sends the one response; False if it was already sent."""
+    def claim(self) -> bool:
+        """Marks the request answered; False if it already was (the one response is sent once)."""
         with self._lock:
             if self.done:
                 return False
             self.done = True
+            return True
+
+    def send(self, outputs: np.ndarray | None, error: ServeError | None) -> None:
+        """Sends the response of a claimed request."""
         tokens = np.array([len(r) for r in self.rows], dtype=np.int32)
         self.respond(outputs if error is None else None, tokens if error is None else None, error)
+
+    def answer(self, outputs: np.ndarray | None, error: ServeError | None) -> bool:
+        """Claims and sends at once; False if it was already answered."""
+        if not self.claim():
+            return False
+        self.send(outputs, error)
         return True
 
 
@@ -132,6 +146,13 @@ class Scheduler:
         self._stop = False
         self._arrivals = itertools.count()
         self._thread: threading.Thread | None = None
+        # answers leave through their own thread once started: sending a response is a message
+        # to the server, and the next forward should not wait for it
+        self._outbox: (
+            queue.SimpleQueue[tuple[PendingRequest, np.ndarray | None, ServeError | None] | None]
+            | None
+        ) = None
+        self._responder: threading.Thread | None = None
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -160,6 +181,9 @@ class Scheduler:
         request.answer(None, error)
 
     def start(self) -> None:
+        self._outbox = queue.SimpleQueue()
+        self._responder = threading.Thread(target=self._send_loop, name="responder", daemon=True)
+        self._responder.start()
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self._thread.start()
 
@@ -174,9 +198,36 @@ class Scheduler:
         with self._cond:
             leftover, self._queue, self._queued_rows = self._queue, [], 0
         for request in leftover:
-            request.answer(
-                None, ServeError("shutdown", "the server shut down before this request ran")
+            self._finish(
+                request,
+                None,
+                ServeError("shutdown", "the server shut down before this request ran"),
             )
+        if self._outbox is not None and self._responder is not None:
+            self._outbox.put(None)  # after every answer queued before it
+            self._responder.join(timeout_s)
+
+    def _finish(
+        self, request: PendingRequest, outputs: np.ndarray | None, error: ServeError | None
+    ) -> None:
+        """Answers a request once: through the responder thread when running, else here."""
+        if not request.claim():
+            return
+        if self._outbox is not None:
+            self._outbox.put((request, outputs, error))
+        else:
+            request.send(outputs, error)
+
+    def _send_loop(self) -> None:
+        assert self._outbox is not None
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            request, outputs, error = item
+            # a send that fails means the client's connection is gone: nothing left to tell it
+            with contextlib.suppress(Exception):
+                request.send(outputs, error)
 
     # -- the scheduler thread -------------------------------------------------------------------
 
@@ -202,7 +253,9 @@ class Scheduler:
                 self.run_collection(collection)
             except Exception as err:  # never lose a request, never kill the thread
                 for request in collection:
-                    request.answer(None, ServeError("failed", f"internal scheduler error: {err!r}"))
+                    self._finish(
+                        request, None, ServeError("failed", f"internal scheduler error: {err!r}")
+                    )
 
     def run_collection(self, collection: list[PendingRequest]) -> None:
         """Plans and runs one collection of requests; answers every one of them."""
@@ -229,11 +282,13 @@ class Scheduler:
             return False
         if request.deadline is not None and self.clock() > request.deadline:
             self.metrics.refused("timeout")
-            request.answer(None, ServeError("timeout", "deadline exceeded before the request ran"))
+            self._finish(
+                request, None, ServeError("timeout", "deadline exceeded before the request ran")
+            )
             return False
         if request.is_cancelled():
             self.metrics.refused("cancelled")
-            request.answer(None, ServeError("cancelled", "the client cancelled the request"))
+            self._finish(request, None, ServeError("cancelled", "the client cancelled the request"))
             return False
         return True
 
@@ -260,12 +315,13 @@ class Scheduler:
             request.outputs[row.index] = values
             request.remaining -= 1
             if request.remaining == 0:
-                request.answer(request.outputs, None)
+                self._finish(request, request.outputs, None)
 
     def _split_and_retry(self, padded_length: int, group: list[_Row], err: Exception) -> None:
         if len(group) == 1:
             row = group[0]
-            row.request.answer(
+            self._finish(
+                row.request,
                 None,
                 ServeError(
                     "failed",

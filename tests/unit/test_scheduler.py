@@ -208,3 +208,31 @@ def test_both_planners_serve_the_same_answers(planner):
     )
     for i, rows in enumerate(requests):
         assert_answer_matches(answers.by_request[i], rows)
+
+
+def test_a_slow_response_does_not_hold_up_the_next_forward():
+    engine = FakeChecksumEngine(layout(max_rows=1))
+    scheduler = scheduler_for(engine, overhead=0)
+    release = threading.Event()
+    threads, answered = [], []
+
+    def slow(outputs, tokens, error):
+        threads.append(threading.current_thread().name)
+        release.wait(10)  # the client side of the first response is slow
+        answered.append("slow")
+
+    scheduler.start()
+    try:
+        scheduler.submit(PendingRequest([np.arange(1, 5)], slow))
+        scheduler.submit(
+            PendingRequest([np.arange(1, 40)], lambda o, t, e: answered.append("next"))
+        )
+        deadline = time.monotonic() + 5
+        while len(engine.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.calls) == 2, "the second forward ran while the first response was sent"
+    finally:
+        release.set()
+        scheduler.stop()
+    assert threads == ["responder"]
+    assert answered == ["slow", "next"]  # answers still leave in order, each once
