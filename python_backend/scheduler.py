@@ -2,9 +2,8 @@
 
 One owner: ``submit`` (called from Triton's ``execute``) only appends under a lock; the scheduler
 thread alone takes work, plans, runs forwards and decides the answers (a responder thread sends
-them). Each request is answered exactly once:
-with its outputs, or with an error saying why (queue full, deadline passed, cancelled, a forward
-that failed even alone, shutdown).
+them). Each request is answered exactly once: with its outputs, or with an error saying why
+(queue full, deadline passed, cancelled, a forward that failed even alone, shutdown).
 
 A step of the loop ("a collection"):
 1. take everything queued;
