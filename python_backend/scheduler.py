@@ -65,10 +65,10 @@ class SchedulerMetrics:
     def split(self, padded_length: int, rows: int) -> None: ...
 
     def flush_if_due(self) -> None:
-        """Publishes what was recorded, if it has waited long enough (called between forwards)."""
+        """Publishes what was recorded, if it has waited long enough (between forwards, idle)."""
 
     def flush(self) -> None:
-        """Publishes what was recorded now (called when the scheduler goes idle)."""
+        """Publishes what was recorded now (when the scheduler stops)."""
 
 
 @dataclass(eq=False)
@@ -244,9 +244,12 @@ class Scheduler:
                     self.metrics.queue_depth(0)
                 stopping = self._stop
             if collection is None:
-                self.metrics.flush()  # outside the lock: submit never waits on it
+                # outside the lock, so submit never waits on it; when due only, so a request
+                # arriving right after a forward does not wait on a flush either
                 if stopping:
+                    self.metrics.flush()
                     return
+                self.metrics.flush_if_due()
                 continue
             try:
                 self.run_collection(collection)

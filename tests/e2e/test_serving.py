@@ -28,8 +28,8 @@ def metric_values(server, name: str) -> dict[str, float]:
     return out
 
 
-# the model publishes metrics in batches: at once when idle, and at least every 0.25 s idle or
-# 0.5 s busy; reading after this long sees everything the requests so far recorded
+# the model publishes metrics in batches, at most every 0.25 s (between forwards, or when its
+# idle scheduler wakes, every 0.25 s): after this long, everything recorded so far is published
 SETTLE_S = 0.8
 
 
