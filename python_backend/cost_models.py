@@ -13,13 +13,13 @@ and the best split of identical rows) keyed by the model itself.
 from __future__ import annotations
 
 import bisect
-import os
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 DEFAULT_OVERHEAD_TOKENS = 512.0
+# the server reads it (python_backend/settings.py) to override the cost model with LinearCost
 OVERHEAD_ENV_VAR = "PLANNER_OVERHEAD_TOKENS"
 
 
@@ -71,25 +71,6 @@ class LinearCost:
         row = self.overhead_tokens + np.arange(max_rows + 1, dtype=np.float64) * padded_length
         row[0] = 0.0
         return row
-
-    @classmethod
-    def from_env(cls, default: float = DEFAULT_OVERHEAD_TOKENS) -> LinearCost:
-        """The default linear model, with ``PLANNER_OVERHEAD_TOKENS`` overriding the overhead."""
-        return cls(overhead_from_env(default))
-
-
-def overhead_from_env(default: float) -> float:
-    """``PLANNER_OVERHEAD_TOKENS`` when set (an error when it is not a number), else default."""
-    raw = os.environ.get(OVERHEAD_ENV_VAR)
-    if raw is None or raw.strip() == "":
-        return float(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{OVERHEAD_ENV_VAR} must be a number of tokens, got {raw!r}") from None
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"{OVERHEAD_ENV_VAR} must be finite and >= 0, got {raw!r}")
-    return value
 
 
 @dataclass(frozen=True)

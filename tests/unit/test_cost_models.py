@@ -5,7 +5,6 @@ import math
 import pytest
 
 from python_backend.cost_models import (
-    OVERHEAD_ENV_VAR,
     LinearCost,
     MeasuredCost,
     cost_model_from_dict,
@@ -70,16 +69,6 @@ def test_measured_cost_rejects_a_malformed_table():
         MeasuredCost((16,), (1, 2), ((1.0,),), 1.0)
     with pytest.raises(ValueError, match="positive time at batch 1"):
         MeasuredCost((16,), (1,), ((math.nan,),), 1.0)
-
-
-def test_environment_overrides_the_default_overhead(monkeypatch):
-    monkeypatch.setenv(OVERHEAD_ENV_VAR, "96")
-    assert LinearCost.from_env() == LinearCost(96)
-    monkeypatch.setenv(OVERHEAD_ENV_VAR, "lots")
-    with pytest.raises(ValueError, match=OVERHEAD_ENV_VAR):
-        LinearCost.from_env()
-    monkeypatch.delenv(OVERHEAD_ENV_VAR)
-    assert LinearCost.from_env(300) == LinearCost(300)
 
 
 def test_negative_overhead_is_refused():

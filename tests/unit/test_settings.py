@@ -29,6 +29,13 @@ def test_environment_overrides_config(monkeypatch):
     assert s.max_queue_rows == 12 and s.overhead_tokens == 30.0
 
 
+def test_a_bad_overhead_in_the_environment_is_named(monkeypatch):
+    monkeypatch.delenv("OVERHEAD_TOKENS", raising=False)
+    monkeypatch.setenv("PLANNER_OVERHEAD_TOKENS", "lots")
+    with pytest.raises(SettingsError, match="overhead_tokens must be a number, got 'lots'"):
+        settings_from_parameters(params())
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -36,6 +43,7 @@ def test_environment_overrides_config(monkeypatch):
         ({"max_queue_rows": "0"}, "max_queue_rows must be >= 1"),
         ({"truncate_default": "maybe"}, "truncate_default must be true or false"),
         ({"overhead_tokens": "-1"}, "overhead_tokens must be >= 0"),
+        ({"overhead_tokens": "lots"}, "overhead_tokens must be a number"),
         ({"planner": "greedy"}, "planner must be dp or per_bucket"),
     ],
 )
