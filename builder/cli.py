@@ -422,14 +422,13 @@ def _choose_bucket_lengths(
             lengths.append(last_bucket)
         progress.detail(f"explicit buckets {lengths}")
         return lengths
-    from tokenizers import Tokenizer
+    from python_backend.tokenization import TextTokenizer
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
+    # the server's own tokenizer, untruncated: the sample's real lengths, past the limit too
+    tokenizer = TextTokenizer(tokenizer_path, last_bucket)
 
     def tokenize(texts: list[str]) -> list[int]:
-        return [len(e.ids) for e in tokenizer.encode_batch(texts)]
+        return [len(ids) for ids in tokenizer.encode(texts, truncate=False)]
 
     sample = sample_lengths(args, tokenize)
     if not sample:
