@@ -159,20 +159,13 @@ def run_soak(
 
 
 def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
-    import torch
-
     from builder.cli import default_model_dir
-    from builder.families import load_model
+    from builder.families import load_model, run_rows_alone
     from python_backend.tokenization import TextTokenizer
 
     model_dir = default_model_dir()
-    module = load_model(model_dir).module
     rows = TextTokenizer(model_dir / "tokenizer.json", 256).encode(texts, truncate=True)
-    with torch.no_grad():
-        return {
-            i: module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[0].numpy()
-            for i, r in enumerate(rows)
-        }
+    return dict(enumerate(run_rows_alone(load_model(model_dir).module, rows)))
 
 
 def report(result: SoakResult, clients: int) -> str:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -131,6 +132,20 @@ class LastTokenScorer(nn.Module):
         if self.select:
             picked = picked.index_select(1, self.token_ids)
         return picked.float()
+
+
+def run_rows_alone(module: nn.Module, rows: list[np.ndarray]) -> np.ndarray:
+    """The wrapped model on each row by itself, with no padding at all: [len(rows), out_dim].
+
+    The reference every engine and every served output is checked against.
+    """
+    with torch.no_grad():
+        return np.stack(
+            [
+                module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[0].numpy()
+                for r in rows
+            ]
+        )
 
 
 def load_model(

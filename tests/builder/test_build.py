@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from builder.cli import main as builder_main
-from builder.families import load_model
+from builder.families import load_model, run_rows_alone
 from builder.triton_config import read_config
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
@@ -38,14 +38,7 @@ def build(repository: Path, model_dir: Path, name: str, *extra: str, quiet: bool
 
 def reference(model_dir: Path, rows: list[np.ndarray], **kw) -> np.ndarray:
     """The torch model on each row alone, no padding at all."""
-    module = load_model(model_dir, **kw).module
-    with torch.no_grad():
-        return np.stack(
-            [
-                module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[0].numpy()
-                for r in rows
-            ]
-        )
+    return run_rows_alone(load_model(model_dir, **kw).module, rows)
 
 
 def rows_for_every_bucket(version_dir: Path, seed: int = 0) -> list[tuple[int, list[np.ndarray]]]:

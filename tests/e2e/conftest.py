@@ -99,20 +99,12 @@ def server(repository, tmp_path_factory):
 def reference_model():
     """MiniLM in torch, run on each row alone: the reference served outputs must match."""
     from builder.cli import default_model_dir
-    from builder.families import load_model
+    from builder.families import load_model, run_rows_alone
 
     module = load_model(default_model_dir()).module
 
     def embed(rows: list[np.ndarray]) -> np.ndarray:
-        with torch.no_grad():
-            return np.stack(
-                [
-                    module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[
-                        0
-                    ].numpy()
-                    for r in rows
-                ]
-            )
+        return run_rows_alone(module, rows)
 
     return embed
 
