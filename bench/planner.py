@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 import bisect
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from builder.calibrate import median_seconds
 from python_backend.cost_models import LinearCost, MeasuredCost
 from python_backend.planner import (
     padding_efficiency,
@@ -66,13 +65,8 @@ def spread(name: str, num_rows: int, rng: np.random.Generator) -> list[int]:
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()  # warm the planner's memoised per-bucket tables
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    # the warm-up call fills the planner's memoised per-bucket tables
+    return median_seconds(fn, repeats) * 1e3
 
 
 def main() -> None:

@@ -40,18 +40,23 @@ def batch_grid(max_rows: int) -> list[int]:
     return sorted({1, max(1, max_rows // 4), max_rows})
 
 
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls, after one untimed warm-up call."""
+    fn()  # warm-up: allocations, kernel choice, memoised tables
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def time_forward(engine: Engine, rows: int, length: int, vocab: int, repeats: int) -> float:
     """Median microseconds of one forward of ``rows`` full rows at ``length``."""
     rng = np.random.default_rng(rows * 1000 + length)
     ids = rng.integers(1000, max(1001, vocab - 1), size=(rows, length), dtype=np.int64)
     mask = np.ones((rows, length), dtype=np.int64)
-    engine.run(ids, mask)  # warm-up: allocations, kernel choice
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        engine.run(ids, mask)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+    return median_seconds(lambda: engine.run(ids, mask), repeats) * 1e6
 
 
 def calibrate(

@@ -12,13 +12,12 @@ CUDA-graph replay. Exits non-zero when the outputs disagree beyond FP16 noise.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from builder.calibrate import median_seconds
 from builder.cli import main as build_main
 from builder.cli import tensorrt_ready
 from python_backend.engines import open_engine
@@ -28,14 +27,8 @@ from python_backend.manifest import load_manifest
 MIN_COSINE = 0.999  # fp16 TensorRT against fp32 ONNX Runtime, on L2-normalised embeddings
 
 
-def median_ms(fn, repeats: int = 20) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+def median_ms(fn) -> float:
+    return median_seconds(fn, repeats=20) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
