@@ -52,10 +52,15 @@ class BucketLayout:
             raise ValueError(f"no engine profile takes rows of {padded_length} tokens")
         return self.long_rows.max_rows
 
+    def bucket_index(self, padded_length: int) -> int | None:
+        """The bucket (and engine profile) of exactly this length; None for other lengths."""
+        i = bisect.bisect_left(self.lengths, padded_length)
+        return i if i < len(self.lengths) and self.lengths[i] == padded_length else None
+
     def run_batch_size(self, padded_length: int, num_rows: int) -> int:
         """The batch the engine really runs: the next captured size, where it captured any."""
-        i = bisect.bisect_left(self.lengths, padded_length)
-        if i == len(self.lengths) or padded_length != self.lengths[i]:
+        i = self.bucket_index(padded_length)
+        if i is None:
             return num_rows
         captured = self.buckets[i].captured_batch_sizes
         j = bisect.bisect_left(captured, num_rows)

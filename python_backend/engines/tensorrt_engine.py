@@ -135,9 +135,9 @@ class TensorRTEngine:
         profile.graphs[batch] = graph
 
     def _profile_for(self, length: int) -> _Profile:
-        i = np.searchsorted(self.layout.lengths, length)
-        if i < len(self.profiles) and self.layout.lengths[i] == length:
-            return self.profiles[int(i)]
+        i = self.layout.bucket_index(length)
+        if i is not None:
+            return self.profiles[i]
         if (
             self.long_profile is not None
             and self.layout.lengths[-1] < length <= self.layout.max_length
