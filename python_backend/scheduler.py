@@ -268,13 +268,24 @@ class Scheduler:
         lengths = [len(row.ids) for row in rows]
         args = (lengths, self.layout.pad_len, self.layout.max_rows, self.max_batch)
         groups = self.plan_fn(*args, cost=self.cost, mergeable=self.layout.mergeable)
-        baseline = per_bucket_groups(*args, mergeable=self.layout.mergeable)
-        self.metrics.plan(plan_cost(groups, self.cost), plan_cost(baseline, self.cost))
+        planned = plan_cost(groups, self.cost)
+        if self.plan_fn is per_bucket_groups:  # the plan is the baseline: no second grouping
+            baseline = planned
+        else:
+            baseline = plan_cost(
+                per_bucket_groups(*args, mergeable=self.layout.mergeable), self.cost
+            )
+        self.metrics.plan(planned, baseline)
         # oldest first: a group is as old as the oldest request it serves (rows are in arrival
         # order, so its first row's request is that one)
         groups.sort(key=lambda g: (rows[g[1][0]].request.arrival, rows[g[1][0]].index))
         for padded_length, members in groups:
-            group = [rows[i] for i in members if self._still_wanted(rows[i].request)]
+            # asked once per request, not per row: is_cancelled is a message to the server
+            wanted: dict[PendingRequest, bool] = {}
+            for i in members:
+                if rows[i].request not in wanted:
+                    wanted[rows[i].request] = self._still_wanted(rows[i].request)
+            group = [rows[i] for i in members if wanted[rows[i].request]]
             if group:
                 self._run_group(padded_length, group)
 

@@ -236,3 +236,17 @@ def test_a_slow_response_does_not_hold_up_the_next_forward():
         scheduler.stop()
     assert threads == ["responder"]
     assert answered == ["slow", "next"]  # answers still leave in order, each once
+
+
+def test_cancellation_is_asked_once_per_request_per_forward_not_per_row():
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, overhead=64)
+    asked = []
+    answers = Answers()
+    request = PendingRequest(
+        [np.arange(1, 9)] * 6, answers.responder(0), is_cancelled=lambda: asked.append(1) or False
+    )
+    scheduler.run_collection([request])
+    assert engine.calls == [(6, 16)]
+    assert len(asked) == 2  # once when the collection is taken, once before its one forward
+    assert_answer_matches(answers.by_request[0], request.rows)
