@@ -43,6 +43,11 @@ def _error_response(message: str, code_name: str) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
+def _send_final(sender: Any, response: Any) -> None:
+    """The one response of a request (the model is not decoupled: it closes the request)."""
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -86,15 +91,11 @@ class TritonPythonModel:
                 pending = self._decode(request, sender)
             except RequestError as err:
                 self.metrics.refused(err.reason)
-                sender.send(
-                    _error_response(str(err), "INVALID_ARG"),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
+                _send_final(sender, _error_response(str(err), "INVALID_ARG"))
                 continue
             except Exception as err:  # a bug must cost one request, never the batch of them
-                sender.send(
-                    _error_response(f"could not decode the request: {err!r}", "INTERNAL"),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                _send_final(
+                    sender, _error_response(f"could not decode the request: {err!r}", "INTERNAL")
                 )
                 continue
             self.scheduler.submit(pending)
@@ -142,7 +143,7 @@ class TritonPythonModel:
                     pb_utils.Tensor("NUM_TOKENS", tokens.reshape(-1, 1)),
                 ]
             )
-        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        _send_final(sender, response)
 
     def finalize(self) -> None:
         self.scheduler.stop(SHUTDOWN_DRAIN_S)

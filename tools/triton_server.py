@@ -197,14 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     server.start()
+
+    def running() -> bool:
+        return server.process is not None and server.process.poll() is None
+
     try:
-        while not server.ready():
-            if stopping or server.process is None or server.process.poll() is not None:
-                break
+        while not stopping and running() and not server.ready():
             time.sleep(0.25)
-        else:
-            pass
-        if server.ready():
+        if not stopping and running():
             print(
                 f"\nready: {args.model} on HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
                 f"metrics :{args.metrics_port}\n"
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 "Ctrl-C stops it.",
                 flush=True,
             )
-        while not stopping and server.process is not None and server.process.poll() is None:
+        while not stopping and running():
             time.sleep(0.25)
     finally:
         code = server.stop()
