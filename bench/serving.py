@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from builder.cli import main as build_main  # noqa: E402
-from builder.triton_config import model_config, read_config, write_config  # noqa: E402
+from builder.triton_config import add_model_variant, write_config  # noqa: E402
 from tools.perf_analyzer import run_perf_analyzer  # noqa: E402
 from tools.triton_server import TritonServer, free_port  # noqa: E402
 
@@ -78,27 +78,10 @@ def build_repository(target: Path, rebuild: bool) -> tuple[Path, str]:
         log.write_text(out.getvalue())
         if code:
             sys.exit("the bench model failed to build:\n" + out.getvalue())
-    base = read_config(target / "planner_dp" / "config.pbtxt")
-    params = {k: v.string_value for k, v in base.parameters.items()}
-    for name in ("planner_per_bucket", PEER):
-        folder = target / name / "1"
-        folder.mkdir(parents=True, exist_ok=True)
-        for item in version.iterdir():
-            link = folder / item.name
-            if item.name == "model.py" or link.exists():
-                continue
-            link.symlink_to(item.resolve())
-    write_config(
-        model_config("planner_per_bucket", "EMBEDDING", 384, params | {"planner": "per_bucket"}),
-        target / "planner_per_bucket",
-    )
-    (target / "planner_per_bucket" / "1" / "model.py").write_text(
-        (version / "model.py").read_text()
-    )
-    peer = model_config(PEER, "EMBEDDING", 384)
+    add_model_variant(target, "planner_dp", "planner_per_bucket", {"planner": "per_bucket"})
+    peer = add_model_variant(target, "planner_dp", PEER, model_py=PEER_MODEL_PY)
     peer.dynamic_batching.max_queue_delay_microseconds = PEER_QUEUE_DELAY_US
     write_config(peer, target / PEER)
-    (target / PEER / "1" / "model.py").write_text(PEER_MODEL_PY)
     return target, log.read_text()
 
 

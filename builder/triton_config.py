@@ -61,3 +61,32 @@ def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:
 
 def read_config(path: Path) -> mc.ModelConfig:
     return text_format.Parse(Path(path).read_text(), mc.ModelConfig())
+
+
+def add_model_variant(
+    repository: Path,
+    source: str,
+    name: str,
+    parameters: dict[str, str] | None = None,
+    model_py: str | None = None,
+) -> mc.ModelConfig:
+    """A second model entry over ``source``'s engine files (linked, not copied).
+
+    It takes ``source``'s config with ``parameters`` laid over its parameters, and ``source``'s
+    model.py unless ``model_py`` is given. Returns the config written, for callers that add to it.
+    """
+    source_version = Path(repository) / source / "1"
+    target = Path(repository) / name / "1"
+    target.mkdir(parents=True, exist_ok=True)
+    for item in source_version.iterdir():
+        link = target / item.name
+        # files only: a __pycache__ left by Triton belongs to the source's model.py
+        if item.is_file() and item.name != "model.py" and not link.exists():
+            link.symlink_to(item.resolve())
+    (target / "model.py").write_text(model_py or (source_version / "model.py").read_text())
+    base = read_config(Path(repository) / source / "config.pbtxt")
+    inherited = {k: v.string_value for k, v in base.parameters.items()}
+    output = base.output[0]
+    config = model_config(name, output.name, int(output.dims[0]), inherited | (parameters or {}))
+    write_config(config, target.parent)
+    return config

@@ -6,12 +6,12 @@ to the report, so a server-side error is visible next to the client-side symptom
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from builder.triton_config import add_model_variant
 from tools.triton_server import TritonServer, free_port
 
 pytest.importorskip("pytriton")
@@ -47,30 +47,13 @@ def build_repository(root: Path) -> Path:
     return repository
 
 
-def add_model_variant(repository: Path, name: str, parameters: dict[str, str]) -> None:
-    """Another model over the same engine files, with other config parameters."""
-    from builder.triton_config import model_config, read_config, write_config
-
-    source = repository / "minilm"
-    target = repository / name / "1"
-    target.mkdir(parents=True)
-    for item in (source / "1").iterdir():
-        (target / item.name).symlink_to(item.resolve())
-    base = read_config(source / "config.pbtxt")
-    config = model_config(
-        name, "EMBEDDING", 384, {k: v.string_value for k, v in base.parameters.items()} | parameters
-    )
-    write_config(config, target.parent)
-
-
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
     repo = build_repository(tmp_path_factory.mktemp("e2e"))
     # for the reliability tests: failures on purpose, a small queue
-    add_model_variant(
-        repo, "minilm_faults", {"fault_injection": "oom_above_tokens=1024,poison_token=29999"}
-    )
-    add_model_variant(repo, "minilm_small_queue", {"max_queue_rows": "8"})
+    faults = {"fault_injection": "oom_above_tokens=1024,poison_token=29999"}
+    add_model_variant(repo, "minilm", "minilm_faults", faults)
+    add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
     return repo
 
 
@@ -132,8 +115,3 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "e2e" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-
-
-def copy_repository(repository: Path, target: Path) -> Path:
-    shutil.copytree(repository, target, symlinks=True)
-    return target

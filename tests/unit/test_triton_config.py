@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.cli import MODEL_PY
-from builder.triton_config import model_config, read_config, write_config
+from builder.triton_config import add_model_variant, model_config, read_config, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,3 +24,22 @@ def test_committed_default_model_matches_what_the_builder_writes():
     committed = read_config(ROOT / "model_repository" / "minilm" / "config.pbtxt")
     assert committed == model_config("minilm", "EMBEDDING", 384)
     assert (ROOT / "model_repository" / "minilm" / "1" / "model.py").read_text() == MODEL_PY
+
+
+def test_a_model_variant_shares_the_engine_files_and_overrides_parameters(tmp_path):
+    version = tmp_path / "base" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_text("engine")
+    (version / "model.py").write_text("base model")
+    write_config(model_config("base", "LOGITS", 3, {"max_queue_rows": "10"}), tmp_path / "base")
+    add_model_variant(tmp_path, "base", "variant", {"planner": "per_bucket"})
+    variant = read_config(tmp_path / "variant" / "config.pbtxt")
+    assert variant.name == "variant"
+    assert (variant.output[0].name, list(variant.output[0].dims)) == ("LOGITS", [3])
+    assert variant.parameters["planner"].string_value == "per_bucket"
+    assert variant.parameters["max_queue_rows"].string_value == "10"
+    linked = tmp_path / "variant" / "1" / "model.onnx"
+    assert linked.is_symlink() and linked.resolve() == (version / "model.onnx").resolve()
+    assert (tmp_path / "variant" / "1" / "model.py").read_text() == "base model"
+    add_model_variant(tmp_path, "base", "peer", model_py="peer model")
+    assert (tmp_path / "peer" / "1" / "model.py").read_text() == "peer model"
