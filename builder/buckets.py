@@ -79,9 +79,17 @@ def choose_buckets(
 
 
 def bucket_rows(
-    lengths: Sequence[int], token_budget: int, max_batch: int, batch_multiple: int = 1
+    lengths: Sequence[int],
+    token_budget: int,
+    max_batch: int,
+    batch_multiple: int = 1,
+    capture: bool = True,
 ) -> list[Bucket]:
-    """Per bucket: max rows (rows x length <= budget, <= max batch), opt rows, captured sizes."""
+    """Per bucket: max rows (rows x length <= budget, <= max batch), opt rows, captured sizes.
+
+    ``capture``: powers of two up to max rows, for an engine that replays CUDA graphs; none for
+    one that runs every shape as it is (ONNX Runtime).
+    """
     if token_budget < 1 or max_batch < 1:
         raise ValueError("--token-budget and --max-batch must be >= 1")
     out = []
@@ -95,5 +103,5 @@ def bucket_rows(
         if captured[-1] != max_rows:
             captured.append(max_rows)
         opt = max(1, max_rows // 2)
-        out.append(Bucket(length, max_rows, opt, tuple(captured)))
+        out.append(Bucket(length, max_rows, opt, tuple(captured) if capture else ()))
     return out

@@ -20,7 +20,7 @@ import numpy as np
 from builder import buckets as bucket_choice
 from builder.triton_config import model_config, write_config
 from python_backend.cost_models import LinearCost, linear_to_dict
-from python_backend.manifest import Bucket, LongRows, Manifest
+from python_backend.manifest import LongRows, Manifest
 
 MODEL_PY = '''"""Triton entry point: the logic lives in python_backend (queue, planner, engines)."""
 
@@ -314,16 +314,16 @@ def build(args: argparse.Namespace) -> Manifest:
     with progress("choose buckets"):
         lengths = _choose_bucket_lengths(args, engine_kind, tokenizer_path, last_bucket, progress)
         token_budget = args.token_budget or DEFAULT_TOKEN_BUDGET[engine_kind]
+        tensorrt = engine_kind == "tensorrt"  # ONNX Runtime runs any shape as it is
         buckets = tuple(
             bucket_choice.bucket_rows(
                 lengths,
                 token_budget,
                 args.max_batch,
-                batch_multiple=8 if engine_kind == "tensorrt" else 1,
+                batch_multiple=8 if tensorrt else 1,
+                capture=tensorrt,
             )
         )
-        if engine_kind == "onnxruntime":  # any shape runs as itself: nothing to capture
-            buckets = tuple(Bucket(b.length, b.max_rows, b.opt_rows, ()) for b in buckets)
         long_rows = None
         if last_bucket < max_length:
             long_rows = LongRows(

@@ -54,3 +54,11 @@ def test_bucket_rows_fit_the_token_budget_and_capture_powers_of_two():
     assert [(b.length, b.max_rows) for b in rows] == [(16, 64), (100, 40), (256, 16)]
     assert rows[1].captured_batch_sizes == (1, 2, 4, 8, 16, 32, 40)
     assert all(b.max_rows * b.length <= 4096 for b in rows)
+
+
+def test_no_captured_sizes_for_an_engine_that_runs_any_shape():
+    rows = bucket_rows([16, 100], token_budget=4096, max_batch=64, capture=False)
+    assert [(b.length, b.max_rows, b.captured_batch_sizes) for b in rows] == [
+        (16, 64, ()),
+        (100, 40, ()),
+    ]
