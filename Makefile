@@ -50,7 +50,7 @@ build: setup
 # serves model_repository on the real Triton server (HTTP 8000, gRPC 8001, metrics 8002;
 # HTTP_PORT, GRPC_PORT and METRICS_PORT override them)
 serve: setup $(MANIFEST)
-	$(PY) -m tools.triton_server --repository model_repository --model $(MODEL)
+	$(PY) -m tools.serve --repository model_repository --model $(MODEL)
 
 bench-planner: setup
 	$(PY) bench/planner.py

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from builder.cli import main as build_main  # noqa: E402
 from builder.triton_config import add_model_variant, write_config  # noqa: E402
+from tools.front_door import FrontDoor, FrontDoorSettings  # noqa: E402
 from tools.perf_analyzer import run_perf_analyzer  # noqa: E402
 from tools.triton_server import TritonServer, free_port  # noqa: E402
 
@@ -43,6 +44,7 @@ SAMPLE = ROOT / "bench" / "data" / "sample_texts.txt"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 PLOT = ROOT / "docs" / "serving_throughput_p99.png"
 BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
+DOOR_BEGIN, DOOR_END = "<!-- front-door:begin -->", "<!-- front-door:end -->"
 PEER_MODEL_PY = '''"""The dynamic-batching peer (bench only): see bench/dynamic_batching_model.py."""
 
 from bench.dynamic_batching_model import TritonPythonModel
@@ -185,6 +187,68 @@ def measure(
     return row, False
 
 
+def front_door_comparison(
+    server: TritonServer, tmp: Path, ms: int, concurrency: int = 64, rounds: int = 3
+) -> list[tuple[str, dict, bool]]:
+    """planner_dp at one concurrency on Triton's own gRPC port and through the front door,
+    alternating (direct, door, direct, door, ...) so that the shared machine's drift falls on
+    both alike."""
+    settings = FrontDoorSettings(
+        triton_http_address=f"127.0.0.1:{server.http_port}",
+        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
+        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
+        public_address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+    out = []
+    with FrontDoor(settings, tmp / "front-door"):
+        routes = {"direct": server.grpc_url, "front door": f"127.0.0.1:{settings.grpc_port}"}
+        for k in range(rounds):
+            for route, url in routes.items():
+                row, stable = measure("planner_dp", url, concurrency, tmp / f"{k}", ms)
+                out.append((route, row, stable))
+                print(
+                    f"c={concurrency} planner_dp {route:<10} {row['Inferences/Second']:7.1f} "
+                    f"rows/s  p99 {row['p99 latency'] / 1e3:8.1f} ms",
+                    flush=True,
+                )
+    return out
+
+
+def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: int) -> str:
+    lines = [
+        "## The front door's cost",
+        "",
+        f"    python bench/serving.py --front-door-only --measurement-ms {ms}"
+        "   # make bench runs it too, after the sweep",
+        "",
+        f"planner_dp at concurrency {concurrency}, perf_analyzer over gRPC, on Triton's own port "
+        "and through the front door (nginx, tools/front_door.py, default limits, no API key), "
+        "alternating within one run on one server:",
+        "",
+        "| round | route | rows/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for k, (route, row, stable) in enumerate(runs):
+        lines.append(
+            f"| {k // 2 + 1} | {route} | {row['Inferences/Second']:.1f} | "
+            f"{row['p50 latency'] / 1e3:.0f} | {row['p99 latency'] / 1e3:.0f} |"
+            + ("" if stable else " (unstable)")
+        )
+    mean = {
+        route: float(np.mean([r["Inferences/Second"] for name, r, _ in runs if name == route]))
+        for route in ("direct", "front door")
+    }
+    lines += [
+        "",
+        f"Mean throughput: direct {mean['direct']:.1f} rows/s, through the front door "
+        f"{mean['front door']:.1f} rows/s: **{mean['front door'] / mean['direct']:.3f}x**.",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
@@ -192,6 +256,11 @@ def main() -> int:
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bench model")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    parser.add_argument(
+        "--front-door-only",
+        action="store_true",
+        help="only the front door's cost: direct against through the front door at c=64",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     repository, build_log = build_repository(args.repository, args.rebuild)
@@ -212,6 +281,14 @@ def main() -> int:
         server = TritonServer(
             repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
         )
+        if args.front_door_only:
+            with server:
+                runs = front_door_comparison(server, Path(tmp), args.measurement_ms)
+            text = front_door_report(runs, 64, args.measurement_ms)
+            print(text)
+            if not args.no_write:
+                write_doc(text, DOOR_BEGIN, DOOR_END)
+            return 0
         with server:
             for model in MODELS:  # warm-up: first forwards allocate
                 run_perf_analyzer(
@@ -254,12 +331,15 @@ def main() -> int:
                     f"p99 {at_half[model][1]:8.1f} ms",
                     flush=True,
                 )
+            runs = front_door_comparison(server, Path(tmp), args.measurement_ms)
     text = report(results, limit, mean_tokens, lengths, build_log, levels, args)
     text += "\n\n" + half_load_report(half_load, at_half)
-    print(text)
+    door = front_door_report(runs, 64, args.measurement_ms)
+    print(text + "\n\n" + door)
     if not args.no_write:
         plot(results, PLOT)
         write_doc(text)
+        write_doc(door, DOOR_BEGIN, DOOR_END)
     return 0
 
 
@@ -331,11 +411,11 @@ def half_load_report(rate: float, at_half: dict[str, tuple[float, float, bool]])
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
+def write_doc(section: str, begin: str = BEGIN, end: str = END) -> None:
     text = DOC.read_text() if DOC.is_file() else "# Performance\n"
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(text)

@@ -1,4 +1,5 @@
-# The server: NVIDIA's Triton image with the Python backend, plus this project's python_backend.
+# The server: NVIDIA's Triton image with the Python backend, plus this project's python_backend
+# and the launcher that watches it.
 ARG NGC_RELEASE=24.10
 FROM nvcr.io/nvidia/tritonserver:${NGC_RELEASE}-py3
 ARG TENSORRT_VERSION=10.5.0
@@ -11,4 +12,6 @@ sys.exit(0 if v.startswith('${TENSORRT_VERSION}') else f'TensorRT {v}, expected 
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY python_backend python_backend
+# the launcher and watchdog (tools/serve.py) the container runs; the standard library only
+COPY tools/__init__.py tools/serve.py tools/front_door.py tools/triton_server.py tools/
 RUN pip install --no-cache-dir --no-deps -e .

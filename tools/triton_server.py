@@ -1,21 +1,23 @@
-"""Starts the real Triton server (from the nvidia-pytriton wheel) on a model repository.
+"""Runs the real Triton server (from the nvidia-pytriton wheel) on a model repository.
 
-    python -m tools.triton_server --repository model_repository [--http-port 8000 ...]
+`tools.serve` (what `make serve` runs) starts it on loopback behind the front door; the tests
+start it directly. In NVIDIA's images, where there is no wheel, the image's own tritonserver runs.
 
-On a CPU host this is the server `make serve` runs. The wheel carries tritonserver and the Python
-backend but not in the layout Triton expects, so a backend folder is assembled under build/
-(never inside site-packages): libtriton_python.so, triton_python_backend_utils.py and the stub
-for the running Python. The virtual environment's bin/ goes first on PATH, because the stub takes
-its sys.path from the python3 it finds there: that is how the model imports python_backend.
+The wheel carries tritonserver and the Python backend but not in the layout Triton expects, so a
+backend folder is assembled under build/ (never inside site-packages): libtriton_python.so,
+triton_python_backend_utils.py and the stub for the running Python. The virtual environment's
+bin/ goes first on PATH, because the stub takes its sys.path from the python3 it finds there:
+that is how the model imports python_backend.
 
-Ctrl-C or SIGTERM stops Triton cleanly (it drains and unloads models, whose finalize answers what
+`stop()` stops Triton cleanly (SIGTERM: it drains and unloads models, whose finalize answers what
 is queued); anything left of its process group after the grace period is killed.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -36,6 +38,26 @@ def triton_home() -> Path:
     except ImportError:
         sys.exit("nvidia-pytriton is not installed: run `make setup` first")
     return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def installed_tritonserver() -> str | None:
+    """A tritonserver installed as NVIDIA's images install it, when there is no pytriton wheel."""
+    if importlib.util.find_spec("pytriton") is not None:
+        return None
+    return shutil.which("tritonserver") or (
+        "/opt/tritonserver/bin/tritonserver"
+        if Path("/opt/tritonserver/bin/tritonserver").is_file()
+        else None
+    )
+
+
+def set_parent_death_signal(signum: int = signal.SIGTERM) -> None:
+    """In a child before exec: the kernel sends `signum` if the launcher dies without stopping it,
+    so a killed launcher leaves no server behind (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
 
 
 def prepare_backend_dir(target: Path = BACKEND_DIR) -> Path:
@@ -65,10 +87,10 @@ def free_port() -> int:
 
 
 def server_env() -> dict[str, str]:
-    home = triton_home()
     env = dict(os.environ)
-    libs = str(home.parent.parent / "nvidia_pytriton.libs")
-    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [libs, env.get("LD_LIBRARY_PATH", "")]))
+    if installed_tritonserver() is None:
+        libs = str(triton_home().parent.parent / "nvidia_pytriton.libs")
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [libs, env.get("LD_LIBRARY_PATH", "")]))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     return env
@@ -86,14 +108,22 @@ class TritonServer:
         log_path: Path | None = None,
         extra_args: list[str] | None = None,
         exit_timeout_s: int = 30,
+        address: str | None = None,
     ) -> None:
         self.repository = Path(repository).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        # None: Triton's default (every interface); the launcher passes loopback
+        self.address = address
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.exit_timeout_s = exit_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file = None
+
+    @property
+    def loopback(self) -> str:
+        """Where this machine reaches the server."""
+        return "127.0.0.1" if self.address in (None, "", "0.0.0.0") else str(self.address)
 
     @property
     def http_url(self) -> str:
@@ -104,10 +134,27 @@ class TritonServer:
         return f"localhost:{self.grpc_port}"
 
     def command(self) -> list[str]:
+        installed = installed_tritonserver()
+        if installed is not None:  # NVIDIA's image: its own backends, its default layout
+            binary = [installed]
+        else:
+            binary = [
+                str(triton_home() / "bin" / "tritonserver"),
+                f"--backend-directory={prepare_backend_dir()}",
+            ]
+        addresses = (
+            [
+                f"--http-address={self.address}",
+                f"--grpc-address={self.address}",
+                f"--metrics-address={self.address}",
+            ]
+            if self.address
+            else []
+        )
         return [
-            str(triton_home() / "bin" / "tritonserver"),
+            *binary,
             f"--model-repository={self.repository}",
-            f"--backend-directory={prepare_backend_dir()}",
+            *addresses,
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
@@ -129,12 +176,13 @@ class TritonServer:
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: the stubs go with it
+            preexec_fn=set_parent_death_signal,
         )
         return self
 
     def ready(self) -> bool:
         try:
-            url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+            url = f"http://{self.loopback}:{self.http_port}/v2/health/ready"
             with urllib.request.urlopen(url, timeout=1) as response:
                 return bool(response.status == 200)
         except OSError:
@@ -173,53 +221,3 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Serve a model repository on the real Triton server"
-    )
-    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    parser.add_argument(
-        "--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002))
-    )
-    parser.add_argument("--model", default="minilm", help="model named in the ready line")
-    args = parser.parse_args(argv)
-    server = TritonServer(args.repository, args.http_port, args.grpc_port, args.metrics_port)
-    stopping = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    server.start()
-
-    def running() -> bool:
-        return server.process is not None and server.process.poll() is None
-
-    try:
-        while not stopping and running() and not server.ready():
-            time.sleep(0.25)
-        if not stopping and running():
-            print(
-                f"\nready: {args.model} on HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
-                f"metrics :{args.metrics_port}\n"
-                f"  curl -s localhost:{args.http_port}/v2/models/{args.model}/infer -d "
-                '\'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],'
-                '"data":["Triton plans its own batches"]}]}\'\n'
-                "Ctrl-C stops it.",
-                flush=True,
-            )
-        while not stopping and running():
-            time.sleep(0.25)
-    finally:
-        code = server.stop()
-    return 0 if stopping else (code or 1)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -115,3 +115,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "e2e" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def stack(repository, tmp_path_factory):
+    """The deployment as `make serve` runs it, with an API key and short limits."""
+    from tests.e2e.stack import API_KEY, Stack
+
+    own = Stack(repository, tmp_path_factory.mktemp("stack"), {"API_KEY": API_KEY})
+    _LOGS.append(own.log_path)
+    own.start()
+    yield own
+    own.stop()

@@ -42,10 +42,53 @@ def test_server_starts_after_the_builder_completed_and_reports_health(compose):
     triton = compose["services"]["triton"]
     assert triton["depends_on"]["builder"]["condition"] == "service_completed_successfully"
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
-    assert {p["target"] for p in triton["ports"]} == {8000, 8001, 8002}
+    door = compose["services"]["front-door"]
+    assert door["depends_on"]["triton"]["condition"] == "service_healthy"
     perf = compose["services"]["perf"]
-    assert perf["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert perf["depends_on"]["front-door"]["condition"] == "service_healthy"
     assert perf["profiles"] == ["bench"]
+    assert "front-door:8001" in perf["command"]
+
+
+def host_binding(port: dict | str) -> tuple[int, str]:
+    """(container port, host address or '') from either form docker-compose prints."""
+    if isinstance(port, dict):
+        return int(port["target"]), port.get("host_ip", "")
+    host, _published, target = port.split("/")[0].split(":")
+    return int(target), host
+
+
+def test_only_the_front_door_publishes_ports_and_metrics_stay_on_loopback(compose):
+    published = {name: service.get("ports", []) for name, service in compose["services"].items()}
+    assert {name for name, ports in published.items() if ports} == {"front-door"}
+    ports = dict(host_binding(p) for p in published["front-door"])
+    assert ports == {8000: "", 8001: "", 8002: "127.0.0.1"}
+    # Triton sits on a network with no route out and no published port
+    assert compose["networks"]["internal"]["internal"] is True
+    assert set(compose["services"]["triton"]["networks"]) == {"internal"}
+
+
+def test_the_front_door_renders_the_template_make_serve_renders(compose):
+    from tools.front_door import TEMPLATE, FrontDoorSettings
+
+    door = compose["services"]["front-door"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in door["volumes"]}
+    template = mounts["/etc/nginx/templates/front-door.conf.template"]
+    assert Path(template).resolve() == TEMPLATE
+    # the image's envsubst replaces only names set in its environment: every one must be
+    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
+    assert named == set(door["environment"])
+    example = FrontDoorSettings("t:1", "t:2", "t:3").template_values()
+    assert named == set(example)
+
+
+def test_triton_runs_under_the_watchdog_with_an_admin_key_never_defaulted(compose):
+    triton = compose["services"]["triton"]
+    command = triton["command"]
+    assert command[:3] == ["python3", "-m", "tools.serve"] and "--no-front-door" in command
+    # empty when unset: the launcher then makes a random key per start
+    assert triton["environment"]["TRITON_ADMIN_KEY"] == ""
+    assert triton["restart"] == "unless-stopped"
 
 
 def test_engines_travel_from_builder_to_server_through_one_volume(compose):
@@ -61,7 +104,7 @@ def test_engines_travel_from_builder_to_server_through_one_volume(compose):
     assert mounts("triton")["/models"] == ("models", "ro")
     assert "models" in compose["volumes"]
     assert "--repository=/models" in compose["services"]["builder"]["command"]
-    assert "--model-repository=/models" in compose["services"]["triton"]["command"]
+    assert "--repository=/models" in compose["services"]["triton"]["command"]
 
 
 def test_builder_and_server_carry_one_tensorrt_version(compose):

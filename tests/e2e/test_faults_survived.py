@@ -1,0 +1,137 @@
+"""Faults of the serving processes, survived: a dead model stub, a dead Triton.
+
+Each test runs its own deployment as `make serve` runs it (tests/e2e/stack.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+from tests.e2e.clients import client, infer, text_inputs
+from tests.e2e.conftest import _LOGS
+from tests.e2e.stack import Stack
+
+TOLERANCE = 1e-4
+PROBE_INTERVAL_S = 0.5
+
+
+def own_stack(repository, tmp_path, **env) -> Stack:
+    stack = Stack(
+        repository, tmp_path / "stack", {"PROBE_INTERVAL_S": str(PROBE_INTERVAL_S), **env}
+    )
+    _LOGS.append(stack.log_path)
+    return stack.start()
+
+
+def stubs_of(pid: int) -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-P", str(pid), "-f", "triton_python_backend_stub"],
+        capture_output=True,
+        text=True,
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(
+        ["ps", "-eww", "-o", "pid,stat,args"], capture_output=True, text=True
+    ).stdout
+    return [line for line in out.splitlines()[1:] if text in line and " Z" not in line]
+
+
+def test_a_killed_model_stub_fails_in_flight_requests_and_the_model_comes_back(
+    repository, tmp_path, tokenizer, reference_model
+):
+    stack = own_stack(repository, tmp_path)
+    try:
+        text = "back after a stub died"
+        expected = reference_model(tokenizer.encode([text], truncate=True))
+        embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
+        assert np.abs(embedding - expected).max() <= TOLERANCE
+        outcomes: list[object] = []
+
+        def in_flight() -> None:
+            started = time.monotonic()
+            try:
+                infer(
+                    client(stack, "grpc"), "minilm", text_inputs("grpc", ["a long row " * 50] * 64)
+                )
+                outcomes.append(("answered", time.monotonic() - started))
+            except Exception as err:
+                outcomes.append((err, time.monotonic() - started))
+
+        threads = [threading.Thread(target=in_flight) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        triton = stack.triton_pid()
+        stubs = stubs_of(triton)
+        assert stubs, "the model stubs are children of tritonserver"
+        killed_at = time.monotonic()
+        for stub in stubs:
+            os.kill(stub, signal.SIGKILL)
+        saw_not_ready = False
+        while time.monotonic() - killed_at < 60:
+            saw_not_ready |= not stack.ready()
+            try:
+                embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
+                if np.abs(embedding - expected).max() <= TOLERANCE:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.1)
+        back_after = time.monotonic() - killed_at
+        for t in threads:
+            t.join(30)
+        assert back_after < 30, f"the model was not back after {back_after:.0f} s"
+        assert saw_not_ready, "readiness turned false while the model could not serve"
+        assert len(outcomes) == 3, "no in-flight request hangs"
+        for outcome, seconds in outcomes:
+            # answered before the kill, or ended with an error well before the backstop timeout
+            assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
+            assert seconds < 20, seconds
+        assert "restarting Triton" in stack.output() and stack.triton_pid() != triton
+    finally:
+        assert stack.stop() == 0
+
+
+def test_a_killed_triton_ends_the_launcher_with_an_error_and_leaves_nothing_behind(
+    repository, tmp_path
+):
+    stack = own_stack(repository, tmp_path)
+    try:
+        load = threading.Thread(
+            target=lambda: [
+                _ignore_errors(
+                    lambda: infer(
+                        client(stack, "http"), "minilm", text_inputs("http", ["load"] * 16)
+                    )
+                )
+                for _ in range(20)
+            ]
+        )
+        load.start()
+        time.sleep(0.5)
+        triton = stack.triton_pid()
+        os.kill(triton, signal.SIGKILL)
+        code = stack.process.wait(timeout=60)
+        load.join(60)
+    finally:
+        stack.stop()
+    assert code == 1
+    assert "tritonserver exited unexpectedly" in stack.output()
+    state = str(stack.state_dir)
+    assert not processes_mentioning(state), processes_mentioning(state)  # nginx, Triton, stubs
+    assert not processes_mentioning(f" {triton} "), "no stub of the dead server is left"
+
+
+def _ignore_errors(call) -> None:
+    with contextlib.suppress(Exception):  # the load only has to be in flight
+        call()

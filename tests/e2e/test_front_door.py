@@ -1,0 +1,440 @@
+"""Hostile traffic on the public ports: the front door takes it, Triton never sees it.
+
+Every case runs against the deployment `make serve` runs (tests/e2e/stack.py) and ends with a
+valid request whose answer is checked against the model run on that row alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.clients import PROTOCOLS, client, infer, infer_error, text_inputs
+from tests.e2e.stack import API_KEY, SHORT_LIMITS
+from tests.e2e.test_serving import total
+
+TOLERANCE = 1e-4
+
+
+def auth() -> dict[str, str]:
+    """A fresh dict each call: tritonclient's HTTP client adds its own headers to the one given.
+    The key is lowercase, as gRPC metadata keys must be."""
+    return {"authorization": f"Bearer {API_KEY}"}
+
+
+CLIENT_TIMEOUT_S = float(SHORT_LIMITS["CLIENT_TIMEOUT_S"])
+MAX_CONNECTIONS = int(SHORT_LIMITS["MAX_CONNECTIONS_PER_CLIENT"])
+INFER_PATH = "/v2/models/minilm/infer"
+VALID_BODY = b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],"data":["hi"]}]}'
+
+
+def exchange(port: int, data: bytes, wait_s: float = 5.0, source: str = "127.0.0.1") -> bytes:
+    """Sends raw bytes, returns whatever comes back until the server closes or goes quiet."""
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=wait_s, source_address=(source, 0)
+    ) as s:
+        # the server may close mid-send; what it answered is still readable
+        with contextlib.suppress(OSError):
+            s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    """What the server sent before it closed (a reset after a timeout counts as closed)."""
+    try:
+        return s.recv(4096)
+    except ConnectionResetError:
+        return b""
+
+
+def status_of(response: bytes) -> int:
+    assert response.startswith(b"HTTP/1.1 "), response[:200]
+    return int(response[9:12])
+
+
+def request_bytes(body: bytes = VALID_BODY, path: str = INFER_PATH, extra: bytes = b"") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
+
+
+@pytest.fixture
+def still_serving(stack, tokenizer, reference_model):
+    """After the test: a valid request over each protocol gets the right output."""
+    yield
+    text = "The front door kept the server serving."
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    for protocol in PROTOCOLS:
+        embedding, _ = infer(
+            client(stack, protocol), "minilm", text_inputs(protocol, [text]), headers=auth()
+        )
+        assert np.abs(embedding - expected).max() <= TOLERANCE, protocol
+    assert stack.ready()
+
+
+def test_inference_through_the_front_door_matches_the_reference(
+    stack, still_serving, tokenizer, reference_model
+):
+    from builder.corpus import corpus_rows
+
+    texts = corpus_rows(10, seed=3)
+    expected = reference_model(tokenizer.encode(texts, truncate=True))
+    for protocol in PROTOCOLS:
+        embedding, _ = infer(
+            client(stack, protocol), "minilm", text_inputs(protocol, texts), headers=auth()
+        )
+        assert np.abs(embedding - expected).max() <= TOLERANCE
+
+
+# ---- hostile HTTP, one kind per case ------------------------------------------------------
+
+
+def chunked(port: int, chunk: bytes, count: int) -> bytes:
+    head = (
+        f"POST {INFER_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    return exchange(port, head + framed * count + b"0\r\n\r\n", wait_s=20)
+
+
+def test_a_chunked_flood_reaches_triton_only_as_one_whole_body(stack, still_serving):
+    """3.6 MB of 6-byte chunks: the request that ends Triton 2.51 when it reaches it. The door
+    reads it whole and passes 600 kB with a Content-Length; Triton refuses the JSON and serves on."""
+    response = chunked(stack.http_port, b"a", 600_000)
+    assert status_of(response) in (400, 500) and b"JSON" in response, response[:300]
+
+
+def test_a_chunked_body_over_the_limit_gets_413(stack, still_serving):
+    assert status_of(chunked(stack.http_port, b"aaaa", 300_000)) == 413
+
+
+def test_a_chunked_body_under_the_limit_reaches_triton_whole(stack, still_serving):
+    head = (
+        f"POST {INFER_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    ).encode()
+    body = b"".join(b"%x\r\n%s\r\n" % (1, VALID_BODY[i : i + 1]) for i in range(len(VALID_BODY)))
+    response = exchange(stack.http_port, head + body + b"0\r\n\r\n")
+    assert status_of(response) == 200 and b'"EMBEDDING"' in response
+
+
+def test_a_body_over_the_limit_gets_413(stack, still_serving):
+    body = (
+        b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],"data":["'
+        + b"x" * (2 << 20)
+        + b'"]}]}'
+    )
+    response = exchange(stack.http_port, request_bytes(body))
+    assert status_of(response) == 413 and b"limit" in response
+
+
+def test_a_huge_header_is_refused(stack, still_serving):
+    response = exchange(stack.http_port, request_bytes(extra=b"X-Big: " + b"a" * 65536 + b"\r\n"))
+    assert status_of(response) in (400, 431)
+
+
+def test_many_headers_are_refused(stack, still_serving):
+    extra = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(2000))
+    response = exchange(stack.http_port, request_bytes(extra=extra))
+    assert status_of(response) in (400, 431)
+
+
+def test_slow_headers_are_cut_off_at_the_header_timeout(stack, still_serving):
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=30) as s:
+        s.sendall(b"POST " + INFER_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        # ... and never the rest
+        response = read_until_closed(s)
+    elapsed = time.monotonic() - started
+    assert response == b"" or status_of(response) == 408
+    assert CLIENT_TIMEOUT_S - 0.5 <= elapsed <= CLIENT_TIMEOUT_S + 5
+
+
+def test_a_slow_body_is_cut_off_at_the_body_timeout(stack, still_serving):
+    head = request_bytes(body=b"")
+    head = head.replace(b"Content-Length: 0", b"Content-Length: 1000")
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=30) as s:
+        s.sendall(head + b'{"inputs"')
+        response = read_until_closed(s)
+    elapsed = time.monotonic() - started
+    assert response == b"" or status_of(response) == 408
+    assert elapsed <= CLIENT_TIMEOUT_S + 5
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /v2/models/minilm/infer HTTP/9.9\r\nHost: x\r\n\r\n",
+        b"POST  HTTP/1.1\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello
+        b"POST /v2/models/minilm%2F..%2F..%2Frepository/index HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v2/models/minilm/../../repository/index HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["no method", "bad version", "no path", "tls hello", "escaped path", "dot segments"],
+)
+def test_malformed_request_lines_get_400(stack, still_serving, raw):
+    response = exchange(stack.http_port, raw)
+    assert response == b"" or status_of(response) in (400, 403, 404, 505)
+
+
+@pytest.mark.parametrize("length", [b"-1", b"99999999999999999999999", b"12, 13", b"abc"], ids=str)
+def test_a_bad_content_length_is_refused(stack, still_serving, length):
+    raw = request_bytes().replace(
+        f"Content-Length: {len(VALID_BODY)}".encode(), b"Content-Length: " + length
+    )
+    assert status_of(exchange(stack.http_port, raw)) in (400, 413)
+
+
+def test_a_content_length_longer_than_the_body_times_out(stack, still_serving):
+    raw = request_bytes().replace(
+        f"Content-Length: {len(VALID_BODY)}".encode(),
+        f"Content-Length: {len(VALID_BODY) + 50}".encode(),
+    )
+    started = time.monotonic()
+    response = exchange(stack.http_port, raw, wait_s=CLIENT_TIMEOUT_S + 10)
+    assert response == b"" or status_of(response) == 408
+    assert time.monotonic() - started <= CLIENT_TIMEOUT_S + 6
+
+
+def test_a_content_length_shorter_than_the_body_leaves_garbage_that_is_refused(
+    stack, still_serving
+):
+    raw = request_bytes(body=VALID_BODY + b"TRAILING GARBAGE\r\n\r\n")
+    raw = raw.replace(
+        f"Content-Length: {len(VALID_BODY) + 20}".encode(),
+        f"Content-Length: {len(VALID_BODY)}".encode(),
+    )
+    response = exchange(stack.http_port, raw)
+    _, _, rest = response.partition(b"HTTP/1.1 ")[2].partition(b"HTTP/1.1 ")
+    assert response.startswith(b"HTTP/1.1 200") and b'"EMBEDDING"' in response
+    assert rest.startswith(b"400"), response[-300:]
+
+
+def test_garbage_pipelined_after_a_valid_request_is_refused_alone(stack, still_serving):
+    response = exchange(stack.http_port, request_bytes() + b"\x00\xff NOT HTTP \r\n\r\n")
+    answers = response.split(b"HTTP/1.1 ")[1:]
+    assert answers[0].startswith(b"200") and b'"EMBEDDING"' in answers[0]
+    assert answers[1].startswith(b"400")
+
+
+MANAGEMENT_ROUTES = [
+    ("GET", "/v2/systemsharedmemory/status"),
+    ("POST", "/v2/systemsharedmemory/region/r/register"),
+    ("GET", "/v2/cudasharedmemory/status"),
+    ("POST", "/v2/cudasharedmemory/region/r/unregister"),
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/repository/models/minilm/load"),
+    ("POST", "/v2/repository/models/minilm/unload"),
+    ("GET", "/v2/logging"),
+    ("POST", "/v2/logging"),
+    ("GET", "/v2/trace/setting"),
+    ("POST", "/v2/models/minilm/trace/setting"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), MANAGEMENT_ROUTES, ids=lambda x: str(x))
+def test_every_management_route_is_refused_over_http(stack, still_serving, method, path):
+    for headers in (auth(), {**auth(), "admin-key": "guess"}):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{stack.http_port}{path}",
+            data=b"{}" if method == "POST" else None,
+            method=method,
+            headers=headers,
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 403
+        assert b"not served on the public port" in refused.value.read()
+
+
+def test_triton_itself_restricts_management_routes_with_a_key_nobody_was_told(stack):
+    """Behind the door, on loopback, Triton still refuses them: the admin key is random."""
+    port = stack.ports["TRITON_HTTP"]
+    for headers in ({}, {"admin-key": ""}, {"admin-key": "admin"}):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/repository/index", data=b"{}", headers=headers
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 403 and b"restricted" in refused.value.read()
+
+
+GRPC_MANAGEMENT = {
+    "repository index": lambda c: c.get_model_repository_index(headers=auth()),
+    "load model": lambda c: c.load_model("minilm", headers=auth()),
+    "unload model": lambda c: c.unload_model("minilm", headers=auth()),
+    "log settings": lambda c: c.get_log_settings(headers=auth()),
+    "update log settings": lambda c: c.update_log_settings(
+        {"log_verbose_level": 1}, headers=auth()
+    ),
+    "trace settings": lambda c: c.get_trace_settings(headers=auth()),
+    "system shm status": lambda c: c.get_system_shared_memory_status(headers=auth()),
+    "system shm register": lambda c: c.register_system_shared_memory("r", "/k", 64, headers=auth()),
+    "cuda shm status": lambda c: c.get_cuda_shared_memory_status(headers=auth()),
+    "cuda shm unregister": lambda c: c.unregister_cuda_shared_memory(headers=auth()),
+}
+
+
+@pytest.mark.parametrize("call", sorted(GRPC_MANAGEMENT))
+def test_every_management_method_is_refused_over_grpc(stack, still_serving, call):
+    with pytest.raises(InferenceServerException) as refused:
+        GRPC_MANAGEMENT[call](grpcclient.InferenceServerClient(stack.grpc_url))
+    assert refused.value.status() == "StatusCode.PERMISSION_DENIED", refused.value
+    assert "not served on the public port" in refused.value.message()
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["/inference.GRPCInferenceService/NoSuchMethod", "/grpc.reflection.v1.ServerReflection/X"],
+)
+def test_an_unknown_grpc_method_is_unimplemented(stack, still_serving, method):
+    with grpc.insecure_channel(stack.grpc_url) as channel, pytest.raises(grpc.RpcError) as refused:
+        channel.unary_unary(method)(
+            b"", timeout=5, metadata=[("authorization", auth()["authorization"])]
+        )
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_connection_flood_past_the_bound_is_refused_and_others_are_served(
+    stack, tokenizer, reference_model
+):
+    """127.0.0.2 opens twice the bound in slow requests; 127.0.0.1 is served meanwhile."""
+    flood = []
+    try:
+        for _ in range(2 * MAX_CONNECTIONS):
+            s = socket.create_connection(
+                ("127.0.0.1", stack.http_port), source_address=("127.0.0.2", 0)
+            )
+            # headers complete, body pending: a request in progress, which the bound counts
+            s.sendall(request_bytes(body=b"").replace(b"Content-Length: 0", b"Content-Length: 100"))
+            flood.append(s)
+        answers = []
+        for s in flood:
+            s.settimeout(0.2)
+            try:
+                answers.append(read_until_closed(s)[:12])
+            except TimeoutError:
+                answers.append(b"(waiting)")
+        # the bound's worth wait for their bodies; the rest were refused at once
+        assert answers.count(b"HTTP/1.1 429") >= MAX_CONNECTIONS - 2, answers
+        assert answers.count(b"(waiting)") <= MAX_CONNECTIONS, answers
+        text = "served during a flood from another client"
+        embedding, _ = infer(
+            client(stack, "http"), "minilm", text_inputs("http", [text]), headers=auth()
+        )
+        expected = reference_model(tokenizer.encode([text], truncate=True))
+        assert np.abs(embedding - expected).max() <= TOLERANCE
+    finally:
+        for s in flood:
+            s.close()
+
+
+# ---- the API key --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"authorization": "Bearer wrong-key-0123456789"}, {"authorization": API_KEY}],
+    ids=["none", "wrong", "not bearer"],
+)
+def test_inference_without_the_api_key_is_unauthenticated(stack, still_serving, protocol, headers):
+    err = infer_error(
+        client(stack, protocol), "minilm", text_inputs(protocol, ["x"]), headers=dict(headers)
+    )
+    assert str(err.status()) in ("401", "StatusCode.UNAUTHENTICATED"), err.status()
+    assert "API key" in err.message()
+
+
+def test_health_routes_stay_open_without_the_key(stack):
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/minilm/ready"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{stack.http_port}{path}", timeout=5) as r:
+            assert r.status == 200
+    c = grpcclient.InferenceServerClient(stack.grpc_url)
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("minilm")
+
+
+def test_metrics_are_on_loopback_only_and_never_on_the_public_ports(stack):
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5) as r:
+        assert b"nv_inference_request_success" in r.read()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.http_port}/metrics", timeout=5)
+    assert refused.value.code == 404
+
+
+def test_a_cancelled_grpc_call_reaches_the_model_through_the_front_door(stack):
+    before = total(stack, "planner_refused_total", reason="cancelled")
+    rows_before = total(stack, "planner_rows_total", model="minilm")
+    load = threading.Thread(
+        target=lambda: infer(
+            client(stack, "http"),
+            "minilm",
+            text_inputs("http", ["a long paragraph " * 60] * 64),
+            headers=auth(),
+        )
+    )
+    load.start()
+    time.sleep(0.15)
+    future = grpcclient.InferenceServerClient(stack.grpc_url).async_infer(
+        "minilm",
+        text_inputs("grpc", ["never computed"] * 3),
+        callback=lambda *_: None,
+        headers=auth(),
+    )
+    time.sleep(0.05)
+    future.cancel()
+    load.join()
+    deadline = time.monotonic() + 10
+    while (
+        time.monotonic() < deadline
+        and total(stack, "planner_refused_total", settle=False, reason="cancelled") == before
+    ):
+        time.sleep(0.1)
+    assert total(stack, "planner_refused_total", reason="cancelled") == before + 1
+    assert total(stack, "planner_rows_total", model="minilm") - rows_before == 64
+
+
+def test_concurrent_clients_through_the_front_door_all_get_their_own_answer(
+    stack, tokenizer, reference_model
+):
+    from builder.corpus import corpus_rows
+
+    texts = corpus_rows(48, seed=17)
+    expected = reference_model(tokenizer.encode(texts, truncate=True))
+
+    def one(i: int) -> float:
+        protocol = PROTOCOLS[i % 2]
+        embedding, _ = infer(
+            client(stack, protocol),
+            "minilm",
+            text_inputs(protocol, texts[i : i + 1]),
+            headers=auth(),
+        )
+        return float(np.abs(embedding - expected[i : i + 1]).max())
+
+    with ThreadPoolExecutor(16) as pool:
+        assert max(pool.map(one, range(len(texts)))) <= TOLERANCE

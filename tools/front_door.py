@@ -1,0 +1,270 @@
+"""The front door: nginx in front of Triton, the only public entry (see docs/SECURITY.md).
+
+One template, docker/nginx/front-door.conf.template, serves every way the project runs. Here it
+is rendered the way the official nginx image renders it (envsubst over the names the settings
+define; nginx's own $variables stay) and included in an nginx.conf of our own, whose pid file,
+logs and temporary files live under build/, so nginx runs as a child of the launcher, needs no
+system service and no root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.triton_server import set_parent_death_signal
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "docker" / "nginx" / "front-door.conf.template"
+
+# An API key goes into nginx's configuration as a literal string: only characters that need no
+# quoting there (those of base64, base64url and hex keys)
+API_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
+SIZE_PATTERN = re.compile(r"[0-9]+[kKmM]?")
+
+
+class FrontDoorError(RuntimeError):
+    """A setting the front door cannot run with, or an nginx that did not start."""
+
+
+def check_api_key(key: str, name: str = "API_KEY") -> str:
+    if key and not API_KEY_PATTERN.fullmatch(key):
+        raise FrontDoorError(
+            f"{name} must be 16 to 256 characters of A-Z a-z 0-9 . _ ~ + / = - "
+            f"(got {len(key)} characters); for example: openssl rand -hex 32"
+        )
+    return key
+
+
+def random_key() -> str:
+    return secrets.token_hex(32)
+
+
+@dataclass(frozen=True)
+class FrontDoorSettings:
+    """Everything the template names; `from_env` reads the same names from the environment."""
+
+    triton_http_address: str  # host:port of Triton's own HTTP server (loopback or internal)
+    triton_grpc_address: str
+    triton_metrics_address: str
+    public_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    metrics_public: bool = False  # metrics on the public address instead of loopback
+    api_key: str = ""  # empty: inference needs no key
+    max_body_size: str = "8m"  # nginx size syntax
+    max_header_size: str = "8k"  # per header line; 4 such buffers bound all headers
+    client_timeout_s: int = 10  # header, body and send timeouts (between two reads)
+    upstream_timeout_s: int = 60  # longest wait for Triton's answer: the backstop
+    max_connections_per_client: int = 256
+
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key)
+        for name in ("max_body_size", "max_header_size"):
+            if not SIZE_PATTERN.fullmatch(getattr(self, name)):
+                raise FrontDoorError(f"{name.upper()} must look like 8m, 512k or 1048576")
+        for name in ("client_timeout_s", "upstream_timeout_s", "max_connections_per_client"):
+            if int(getattr(self, name)) < 1:
+                raise FrontDoorError(f"{name.upper()} must be at least 1")
+
+    @staticmethod
+    def env_overrides(env: dict[str, str] | None = None) -> dict[str, object]:
+        """The settings the environment sets: FRONT_DOOR_* names, and API_KEY."""
+        env = dict(os.environ if env is None else env)
+        out: dict[str, object] = {}
+        if "API_KEY" in env:
+            out["api_key"] = env["API_KEY"]
+        if "PUBLIC_ADDRESS" in env:
+            out["public_address"] = env["PUBLIC_ADDRESS"]
+        if "METRICS_PUBLIC" in env:
+            out["metrics_public"] = env["METRICS_PUBLIC"].lower() in ("1", "true", "yes")
+        for name, kind in (
+            ("max_body_size", str),
+            ("max_header_size", str),
+            ("client_timeout_s", int),
+            ("upstream_timeout_s", int),
+            ("max_connections_per_client", int),
+        ):
+            key = name.upper()
+            if key in env:
+                try:
+                    out[name] = kind(env[key])
+                except ValueError as err:
+                    raise FrontDoorError(f"{key}={env[key]!r}: {err}") from None
+        return out
+
+    def template_values(self) -> dict[str, str]:
+        metrics_host = self.public_address if self.metrics_public else "127.0.0.1"
+        return {
+            "TRITON_HTTP_ADDRESS": self.triton_http_address,
+            "TRITON_GRPC_ADDRESS": self.triton_grpc_address,
+            "TRITON_METRICS_ADDRESS": self.triton_metrics_address,
+            "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
+            "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",
+            "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",
+            "API_KEY": self.api_key,
+            "MAX_BODY_SIZE": self.max_body_size,
+            "MAX_HEADER_SIZE": self.max_header_size,
+            "CLIENT_TIMEOUT_S": str(self.client_timeout_s),
+            "UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
+            "MAX_CONNECTIONS_PER_CLIENT": str(self.max_connections_per_client),
+        }
+
+
+def render_template(text: str, values: dict[str, str]) -> str:
+    """${NAME} -> value for the names given, as the nginx image's envsubst does; others stay."""
+    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)\}", lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+WORKER_USER = ("nobody", "nogroup")  # who the worker processes run as when started by root
+
+
+def main_config(
+    prefix: Path, included: Path, temp_dir: Path, worker_connections: int = 4096
+) -> str:
+    """An nginx.conf that keeps its files under `prefix` and includes the rendered template."""
+    temp = {name: temp_dir / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
+    user = f"user {' '.join(WORKER_USER)};\n" if os.geteuid() == 0 else ""
+    return (
+        f"{user}worker_processes auto;\n"
+        f"pid {prefix / 'nginx.pid'};\n"
+        f"error_log {prefix / 'error.log'} warn;\n"
+        f"events {{ worker_connections {worker_connections}; }}\n"
+        "http {\n"
+        f"    access_log off;\n"
+        f"    client_body_temp_path {temp['body']};\n"
+        f"    proxy_temp_path {temp['proxy']};\n"
+        f"    fastcgi_temp_path {temp['fastcgi']};\n"
+        f"    uwsgi_temp_path {temp['uwsgi']};\n"
+        f"    scgi_temp_path {temp['scgi']};\n"
+        f"    include {included};\n"
+        "}\n"
+    )
+
+
+def nginx_binary() -> str:
+    for candidate in (shutil.which("nginx"), "/usr/sbin/nginx"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise FrontDoorError("nginx is not installed: `make setup` installs Debian's nginx-light")
+
+
+def port_open(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+class FrontDoor:
+    """An nginx process in the foreground, in its own process group; a context manager."""
+
+    def __init__(self, settings: FrontDoorSettings, prefix: Path) -> None:
+        self.settings = settings
+        self.prefix = Path(prefix).resolve()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._owned_temp: Path | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.prefix / "nginx.conf"
+
+    @property
+    def log_path(self) -> Path:
+        return self.prefix / "error.log"
+
+    def make_temp_dir(self) -> Path:
+        """Where workers spill large request bodies. Started as root, the workers run as nobody
+        and must reach it: a fresh directory of theirs under the system's temporary directory
+        (the prefix may sit below directories only root may enter)."""
+        if os.geteuid() != 0:
+            path = self.prefix / "temp"
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        path = Path(tempfile.mkdtemp(prefix="front-door-"))
+        user, group = WORKER_USER
+        os.chown(path, pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid)
+        self._owned_temp = path
+        return path
+
+    def write_config(self) -> Path:
+        self.prefix.mkdir(parents=True, exist_ok=True)
+        rendered = self.prefix / "front-door.conf"
+        values = self.settings.template_values()
+        rendered.write_text(render_template(TEMPLATE.read_text(), values))
+        self.config_path.write_text(main_config(self.prefix, rendered, self.make_temp_dir()))
+        return self.config_path
+
+    def check(self) -> None:
+        """nginx -t on the written configuration: a clear error before anything listens."""
+        result = subprocess.run(
+            [nginx_binary(), "-t", "-q", "-p", str(self.prefix), "-c", str(self.config_path)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise FrontDoorError(f"nginx refused its configuration:\n{result.stderr.strip()}")
+
+    def start(self, timeout_s: float = 10.0) -> FrontDoor:
+        self.write_config()
+        self.check()
+        self.process = subprocess.Popen(
+            [
+                nginx_binary(),
+                "-p",
+                str(self.prefix),
+                "-c",
+                str(self.config_path),
+                "-g",
+                "daemon off;",
+            ],
+            start_new_session=True,
+            preexec_fn=set_parent_death_signal,
+        )
+        host = "127.0.0.1" if self.settings.public_address in ("0.0.0.0", "") else None
+        host = host or self.settings.public_address
+        deadline = time.monotonic() + timeout_s
+        while not port_open(host, self.settings.http_port):
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
+                raise FrontDoorError(f"nginx exited with code {self.process.returncode}\n{tail}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise FrontDoorError(f"nginx not listening after {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return self
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGQUIT (finish what is in flight), then whatever is left of the group is killed."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        if self._owned_temp is not None:
+            shutil.rmtree(self._owned_temp, ignore_errors=True)
+
+    def __enter__(self) -> FrontDoor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

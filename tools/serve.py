@@ -1,0 +1,336 @@
+"""What `make serve` runs: Triton on loopback, the front door in front of it, and a watchdog.
+
+    python -m tools.serve --repository model_repository --model minilm
+
+- Triton listens on 127.0.0.1 only, on ports of its own (TRITON_HTTP_PORT, TRITON_GRPC_PORT,
+  TRITON_METRICS_PORT; 18000-18002). Its management APIs (shared memory, repository, logging,
+  trace) are restricted to requests carrying the header `admin-key: $TRITON_ADMIN_KEY`; when that
+  variable is unset, a random key is made for this start, so the routes are unusable, not open.
+- The front door (nginx, tools/front_door.py) is the only public entry: HTTP_PORT (8000) and
+  GRPC_PORT (8001) on PUBLIC_ADDRESS, metrics on METRICS_PORT (8002) on loopback unless
+  METRICS_PUBLIC=1. API_KEY, when set, is required for inference.
+- The watchdog sends a real one-row inference to each probed model every PROBE_INTERVAL_S and
+  watches the model stubs. A Python-backend stub that died leaves Triton answering "ready" while
+  every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
+  and the requests the dead stub held end with an error). Triton or nginx exiting on their own
+  ends this launcher with code 1 and a message; nothing of either is left running.
+- `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
+  deployment, whose front door is a container of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.front_door import FrontDoor, FrontDoorError, FrontDoorSettings, check_api_key, random_key
+from tools.triton_server import ROOT, TritonServer
+
+RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
+STUB_BINARY = "triton_python_backend_stub"
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        sys.exit(f"{name}={value!r} is not an integer")
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    try:
+        return float(value) if value else default
+    except ValueError:
+        sys.exit(f"{name}={value!r} is not a number")
+
+
+def restricted_api_args(admin_key: str) -> list[str]:
+    """Triton's own restriction of its management APIs, over HTTP and gRPC."""
+    return [
+        f"--http-restricted-api={RESTRICTED_APIS}:admin-key={admin_key}",
+        f"--grpc-restricted-protocol={RESTRICTED_APIS}:admin-key={admin_key}",
+    ]
+
+
+def child_stubs(pid: int) -> set[int]:
+    """Pids of the Python-backend stubs whose parent is `pid` (read from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # comm sits in parentheses and may hold spaces: the fields after it are fixed
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == pid and state != "Z" and STUB_BINARY.startswith(comm):
+            found.add(int(entry.name))
+    return found
+
+
+@dataclass
+class ProbeResult:
+    healthy: bool  # False: the model cannot serve and will not recover by itself
+    detail: str
+
+
+def probe_model(base_url: str, model: str, timeout_s: float) -> ProbeResult:
+    """One real inference of one short row; a stub that died answers 500 '... not healthy'."""
+    body = json.dumps(
+        {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["probe"]}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base_url}/v2/models/{model}/infer",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return ProbeResult(True, f"HTTP {response.status}")
+    except urllib.error.HTTPError as err:
+        text = err.read().decode(errors="replace")[:300]
+        # "queue full", a refused input and the like mean the model is alive and answering
+        return ProbeResult("not healthy" not in text, f"HTTP {err.code}: {text}")
+    except OSError as err:  # a timeout under load is not a failure; a dead Triton is seen apart
+        return ProbeResult(True, f"no answer in {timeout_s:.0f} s ({err})")
+
+
+@dataclass
+class ServeSettings:
+    repository: Path
+    models: list[str]  # probed by the watchdog; the first is named in the ready line
+    triton_address: str = "127.0.0.1"
+    triton_http_port: int = 18000
+    triton_grpc_port: int = 18001
+    triton_metrics_port: int = 18002
+    front_door: FrontDoorSettings | None = None
+    admin_key: str = ""
+    probe_interval_s: float = 2.0
+    probe_timeout_s: float = 10.0
+    exit_timeout_s: int = 30
+    state_dir: Path = ROOT / "build" / "serve"
+
+
+class Launcher:
+    """Triton, the front door and the watchdog loop; `run()` returns the exit code."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.admin_key = settings.admin_key or random_key()
+        self.triton: TritonServer | None = None
+        self.front_door: FrontDoor | None = None
+        self.stopping = False
+        self.restarts = 0
+        self.expected_stubs: set[int] = set()
+
+    def log(self, message: str) -> None:
+        print(f"[serve] {message}", flush=True)
+
+    def new_triton(self) -> TritonServer:
+        s = self.settings
+        s.state_dir.mkdir(parents=True, exist_ok=True)
+        return TritonServer(
+            s.repository,
+            s.triton_http_port,
+            s.triton_grpc_port,
+            s.triton_metrics_port,
+            log_path=s.state_dir / "triton.log",
+            extra_args=restricted_api_args(self.admin_key),
+            exit_timeout_s=s.exit_timeout_s,
+            address=s.triton_address,
+        )
+
+    def start_triton(self) -> bool:
+        """Starts Triton and waits until it is ready; False if asked to stop meanwhile."""
+        self.triton = self.new_triton().start()
+        while not self.stopping:
+            if not self.triton_running():
+                raise RuntimeError(self.triton_exit_message("while starting"))
+            if self.triton.ready():
+                assert self.triton.process is not None
+                self.expected_stubs = child_stubs(self.triton.process.pid)
+                return True
+            time.sleep(0.1)
+        return False
+
+    def triton_running(self) -> bool:
+        return (
+            self.triton is not None
+            and self.triton.process is not None
+            and self.triton.process.poll() is None
+        )
+
+    def triton_exit_message(self, when: str) -> str:
+        assert self.triton is not None and self.triton.process is not None
+        code = self.triton.process.returncode
+        log = self.settings.state_dir / "triton.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+        return f"tritonserver exited {when} (code {code}); its log ends:\n{tail}"
+
+    def unhealthy_reason(self) -> str | None:
+        """Why the model cannot serve, or None; cheap checks first."""
+        assert self.triton is not None and self.triton.process is not None
+        alive = child_stubs(self.triton.process.pid)
+        missing = self.expected_stubs - alive
+        if missing:
+            return f"model stub process(es) {sorted(missing)} died"
+        base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
+        for model in self.settings.models:
+            result = probe_model(base, model, self.settings.probe_timeout_s)
+            if not result.healthy:
+                return f"probe of {model} failed: {result.detail}"
+        return None
+
+    def restart_triton(self, reason: str) -> None:
+        assert self.triton is not None
+        self.restarts += 1
+        started = time.monotonic()
+        self.log(f"restarting Triton ({reason})")
+        # a dead stub makes a clean shutdown wait out its whole exit timeout: do not wait for it
+        self.triton.stop(grace_s=2.0)
+        if self.start_triton():
+            self.log(f"Triton is back after {time.monotonic() - started:.1f} s")
+
+    def ready_banner(self) -> str:
+        model = self.settings.models[0]
+        door = self.settings.front_door
+        if door is None:
+            return f"ready: {model}; Triton on {self.settings.triton_address}"
+        auth = ' -H "Authorization: Bearer $API_KEY"' if door.api_key else ""
+        metrics_host = door.public_address if door.metrics_public else "127.0.0.1"
+        return (
+            f"\nready: {model} behind the front door on {door.public_address}: "
+            f"HTTP :{door.http_port}, gRPC :{door.grpc_port}; metrics {metrics_host}:"
+            f"{door.metrics_port}; Triton itself on 127.0.0.1 only\n"
+            f"  curl -s localhost:{door.http_port}/v2/models/{model}/infer{auth} -d "
+            '\'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],'
+            '"data":["Triton plans its own batches"]}]}\'\n'
+            "Ctrl-C stops it."
+        )
+
+    def run(self) -> int:
+        def on_signal(signum: int, _frame: object) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            if not self.start_triton():
+                return 0
+            if self.settings.front_door is not None:
+                self.front_door = FrontDoor(
+                    self.settings.front_door, self.settings.state_dir / "nginx"
+                ).start()
+            self.log(self.ready_banner())
+            return self.watch()
+        except (RuntimeError, FrontDoorError) as err:
+            self.log(f"error: {err}")
+            return 1
+        finally:
+            self.shutdown()
+
+    def watch(self) -> int:
+        next_probe = time.monotonic() + self.settings.probe_interval_s
+        while not self.stopping:
+            time.sleep(0.1)
+            if not self.triton_running():
+                self.log(self.triton_exit_message("unexpectedly") + "\nstopping everything")
+                return 1
+            if self.front_door is not None and not self.front_door.running():
+                self.log("the front door (nginx) exited unexpectedly; stopping everything")
+                return 1
+            if time.monotonic() >= next_probe:
+                reason = self.unhealthy_reason()
+                if reason is not None and not self.stopping:
+                    self.restart_triton(reason)
+                next_probe = time.monotonic() + self.settings.probe_interval_s
+        return 0
+
+    def shutdown(self) -> None:
+        # the front door first: no new requests, then Triton answers what it holds
+        if self.front_door is not None:
+            self.front_door.stop()
+        if self.triton is not None:
+            self.triton.stop()
+
+
+def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a model the watchdog probes (repeatable); the first is named in the ready line",
+    )
+    parser.add_argument(
+        "--no-front-door",
+        action="store_true",
+        help="Triton and the watchdog only (compose runs the front door as its own service)",
+    )
+    parser.add_argument(
+        "--triton-address",
+        default=os.environ.get("TRITON_ADDRESS", "127.0.0.1"),
+        help="where Triton listens: loopback, or the internal network's interface",
+    )
+    parser.add_argument("--state-dir", type=Path, default=ROOT / "build" / "serve")
+    args = parser.parse_args(argv)
+    admin_key = os.environ.get("TRITON_ADMIN_KEY", "")
+    try:
+        check_api_key(admin_key, "TRITON_ADMIN_KEY")
+    except FrontDoorError as err:
+        sys.exit(str(err))
+    http, grpc, metrics = (
+        env_int("TRITON_HTTP_PORT", 18000),
+        env_int("TRITON_GRPC_PORT", 18001),
+        env_int("TRITON_METRICS_PORT", 18002),
+    )
+    front_door = None
+    if not args.no_front_door:
+        if args.triton_address in ("0.0.0.0", "::"):
+            sys.exit("behind the front door, Triton listens on loopback: drop --triton-address")
+        try:
+            front_door = FrontDoorSettings(
+                triton_http_address=f"{args.triton_address}:{http}",
+                triton_grpc_address=f"{args.triton_address}:{grpc}",
+                triton_metrics_address=f"{args.triton_address}:{metrics}",
+                http_port=env_int("HTTP_PORT", 8000),
+                grpc_port=env_int("GRPC_PORT", 8001),
+                metrics_port=env_int("METRICS_PORT", 8002),
+                **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
+            )
+        except FrontDoorError as err:
+            sys.exit(str(err))
+    return ServeSettings(
+        repository=args.repository,
+        models=args.model or ["minilm"],
+        triton_address=args.triton_address,
+        triton_http_port=http,
+        triton_grpc_port=grpc,
+        triton_metrics_port=metrics,
+        front_door=front_door,
+        admin_key=admin_key,
+        probe_interval_s=env_float("PROBE_INTERVAL_S", 2.0),
+        probe_timeout_s=env_float("PROBE_TIMEOUT_S", 10.0),
+        exit_timeout_s=env_int("EXIT_TIMEOUT_S", 30),
+        state_dir=args.state_dir,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Launcher(settings_from_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
