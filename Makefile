@@ -33,10 +33,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# the typed core, and the TensorRT code checked against the TensorRT 10.13 API stubs
+# the typed core, the TensorRT code checked against the TensorRT 10.13 API stubs, the launcher
 typecheck: $(STAMP)
 	$(PY) -m mypy python_backend/planner.py python_backend/cost_models.py \
-		python_backend/engines/tensorrt_engine.py builder/tensorrt_build.py
+		python_backend/engines/tensorrt_engine.py builder/tensorrt_build.py \
+		tools/serve.py tools/front_door.py tools/triton_server.py
 
 test: setup lint typecheck
 	$(PY) -m pytest
@@ -47,8 +48,8 @@ $(MANIFEST): | setup
 build: setup
 	$(PY) -m builder build --name $(MODEL)
 
-# serves model_repository on the real Triton server (HTTP 8000, gRPC 8001, metrics 8002;
-# HTTP_PORT, GRPC_PORT and METRICS_PORT override them)
+# serves model_repository on the real Triton server, on loopback, behind the front door (public
+# HTTP 8000 and gRPC 8001, metrics 8002 on loopback; docs/SECURITY.md has every setting)
 serve: setup $(MANIFEST)
 	$(PY) -m tools.serve --repository model_repository --model $(MODEL)
 

@@ -187,6 +187,21 @@ def measure(
     return row, False
 
 
+def warm_up(server: TritonServer, tmp: Path, models) -> None:
+    """First forwards allocate: a short unmeasured run per model."""
+    for model in models:
+        run_perf_analyzer(
+            model,
+            server.grpc_url,
+            INPUT_DATA,
+            4,
+            tmp / "w.csv",
+            measurement_ms=1500,
+            max_trials=3,
+            stability_percent=1000,
+        )
+
+
 def front_door_comparison(
     server: TritonServer, tmp: Path, ms: int, concurrency: int = 64, rounds: int = 3
 ) -> list[tuple[str, dict, bool]]:
@@ -205,9 +220,9 @@ def front_door_comparison(
     out = []
     with FrontDoor(settings, tmp / "front-door"):
         routes = {"direct": server.grpc_url, "front door": f"127.0.0.1:{settings.grpc_port}"}
-        for k in range(rounds):
+        for _ in range(rounds):
             for route, url in routes.items():
-                row, stable = measure("planner_dp", url, concurrency, tmp / f"{k}", ms)
+                row, stable = measure("planner_dp", url, concurrency, tmp, ms)
                 out.append((route, row, stable))
                 print(
                     f"c={concurrency} planner_dp {route:<10} {row['Inferences/Second']:7.1f} "
@@ -273,8 +288,6 @@ def main() -> int:
         f"{len(rows)} requests of one row; tokens: mean {mean_tokens:.1f}, median "
         f"{np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, max {max(lengths)}"
     )
-    limit = engine_only_limit(version, rows, collection=max(levels))
-    print(f"engine-only limit: {limit:.1f} rows/s ({limit * mean_tokens:.0f} real tokens/s)")
 
     results: dict[str, list[dict]] = {m: [] for m in MODELS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -283,24 +296,17 @@ def main() -> int:
         )
         if args.front_door_only:
             with server:
+                warm_up(server, Path(tmp), ("planner_dp",))
                 runs = front_door_comparison(server, Path(tmp), args.measurement_ms)
             text = front_door_report(runs, 64, args.measurement_ms)
             print(text)
             if not args.no_write:
                 write_doc(text, DOOR_BEGIN, DOOR_END)
             return 0
+        limit = engine_only_limit(version, rows, collection=max(levels))
+        print(f"engine-only limit: {limit:.1f} rows/s ({limit * mean_tokens:.0f} real tokens/s)")
         with server:
-            for model in MODELS:  # warm-up: first forwards allocate
-                run_perf_analyzer(
-                    model,
-                    server.grpc_url,
-                    INPUT_DATA,
-                    4,
-                    Path(tmp) / "w.csv",
-                    measurement_ms=1500,
-                    max_trials=3,
-                    stability_percent=1000,
-                )
+            warm_up(server, Path(tmp), MODELS)
             for c in levels:
                 for model in MODELS:
                     row, stable = measure(model, server.grpc_url, c, Path(tmp), args.measurement_ms)

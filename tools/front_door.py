@@ -251,17 +251,17 @@ class FrontDoor:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGQUIT (finish what is in flight), then whatever is left of the group is killed."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGQUIT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=grace_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGQUIT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         if self._owned_temp is not None:
             shutil.rmtree(self._owned_temp, ignore_errors=True)
+            self._owned_temp = None
 
     def __enter__(self) -> FrontDoor:
         return self.start()

@@ -200,6 +200,9 @@ class Launcher:
         self.log(f"restarting Triton ({reason})")
         # a dead stub makes a clean shutdown wait out its whole exit timeout: do not wait for it
         self.triton.stop(grace_s=2.0)
+        log = self.settings.state_dir / "triton.log"
+        if log.exists():  # the failed server's log stays readable beside the new one
+            log.replace(log.with_name(f"triton.{self.restarts}.log"))
         if self.start_triton():
             self.log(f"Triton is back after {time.monotonic() - started:.1f} s")
 

@@ -27,6 +27,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import BinaryIO
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND_DIR = ROOT / "build" / "triton-backends"
@@ -118,7 +119,7 @@ class TritonServer:
         self.extra_args = extra_args or []
         self.exit_timeout_s = exit_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     @property
     def loopback(self) -> str:

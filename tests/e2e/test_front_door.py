@@ -438,3 +438,21 @@ def test_concurrent_clients_through_the_front_door_all_get_their_own_answer(
 
     with ThreadPoolExecutor(16) as pool:
         assert max(pool.map(one, range(len(texts)))) <= TOLERANCE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_compressed_requests_are_refused_before_anything_inflates_them(
+    stack, still_serving, protocol
+):
+    """A small compressed body can inflate past every limit (CVE-2026-24264)."""
+    algorithm = {"http": "gzip", "grpc": "gzip"}[protocol]
+    kw = {
+        "request_compression_algorithm"
+        if protocol == "http"
+        else "compression_algorithm": algorithm
+    }
+    err = infer_error(
+        client(stack, protocol), "minilm", text_inputs(protocol, ["x" * 1000]), headers=auth(), **kw
+    )
+    assert str(err.status()) in ("415", "StatusCode.UNIMPLEMENTED"), err.status()
+    assert "compressed" in err.message()

@@ -1,0 +1,103 @@
+"""The front door's configuration: settings checked early, the template rendered as nginx's
+image renders it, and nginx itself accepting the result (`nginx -t`)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tools.front_door import (
+    TEMPLATE,
+    FrontDoor,
+    FrontDoorError,
+    FrontDoorSettings,
+    check_api_key,
+    render_template,
+)
+from tools.serve import restricted_api_args
+
+
+def settings(**overrides) -> FrontDoorSettings:
+    return FrontDoorSettings("127.0.0.1:18000", "127.0.0.1:18001", "127.0.0.1:18002", **overrides)
+
+
+def test_rendering_replaces_only_the_names_given_and_keeps_nginx_variables():
+    text = "a ${API_KEY} b ${OTHER} c $http_authorization d ${MAX_BODY_SIZE}"
+    out = render_template(text, {"API_KEY": "k" * 16, "MAX_BODY_SIZE": "8m"})
+    assert out == f"a {'k' * 16} b ${{OTHER}} c $http_authorization d 8m"
+
+
+def test_every_name_in_the_template_is_a_setting():
+    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
+    assert named == set(settings().template_values())
+    rendered = render_template(TEMPLATE.read_text(), settings().template_values())
+    assert "${" not in rendered
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["short", "has space in it 0123", 'quote"0123456789abcdef', "semi;colon0123456789", "x" * 257],
+)
+def test_an_api_key_that_could_not_sit_in_the_config_is_refused_with_the_rule(key):
+    with pytest.raises(FrontDoorError, match="16 to 256 characters"):
+        check_api_key(key)
+    with pytest.raises(FrontDoorError):
+        settings(api_key=key)
+
+
+def test_no_api_key_is_allowed_and_a_hex_or_base64_key_is_taken():
+    assert check_api_key("") == ""
+    assert settings(api_key="0123456789abcdef" * 4).api_key
+    assert settings(api_key="QUJDREVGR0hJSktMTU5PUA==").api_key
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_body_size", "lots"), ("max_header_size", "8 k"), ("client_timeout_s", 0)],
+)
+def test_bad_limits_are_named(field, value):
+    with pytest.raises(FrontDoorError, match=field.upper()):
+        settings(**{field: value})
+
+
+def test_environment_overrides_are_read_and_bad_numbers_named():
+    env = {
+        "API_KEY": "k" * 20,
+        "MAX_BODY_SIZE": "2m",
+        "CLIENT_TIMEOUT_S": "3",
+        "METRICS_PUBLIC": "1",
+    }
+    overrides = FrontDoorSettings.env_overrides(env)
+    assert overrides == {
+        "api_key": "k" * 20,
+        "max_body_size": "2m",
+        "client_timeout_s": 3,
+        "metrics_public": True,
+    }
+    with pytest.raises(FrontDoorError, match="UPSTREAM_TIMEOUT_S"):
+        FrontDoorSettings.env_overrides({"UPSTREAM_TIMEOUT_S": "soon"})
+
+
+def test_metrics_listen_on_loopback_unless_opted_in():
+    assert settings().template_values()["METRICS_LISTEN"] == "127.0.0.1:8002"
+    public = settings(metrics_public=True, public_address="10.0.0.5")
+    assert public.template_values()["METRICS_LISTEN"] == "10.0.0.5:8002"
+
+
+def test_triton_restricts_every_management_api_with_the_admin_key():
+    args = restricted_api_args("s3cret-key-0123456789")
+    assert args == [
+        "--http-restricted-api=shared-memory,model-repository,trace,logging:admin-key=s3cret-key-0123456789",
+        "--grpc-restricted-protocol=shared-memory,model-repository,trace,logging:admin-key=s3cret-key-0123456789",
+    ]
+
+
+@pytest.mark.parametrize("api_key", ["", "0123456789abcdef0123"])
+def test_nginx_accepts_the_rendered_configuration(tmp_path, api_key):
+    door = FrontDoor(settings(api_key=api_key), tmp_path / "nginx")
+    try:
+        door.write_config()
+        door.check()  # raises FrontDoorError with nginx's message otherwise
+    finally:
+        door.stop()
