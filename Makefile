@@ -33,11 +33,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# the typed core, the TensorRT code checked against the TensorRT 10.13 API stubs, the launcher
+# every package; the TensorRT code is checked against the TensorRT 10.13 API stubs
 typecheck: $(STAMP)
-	$(PY) -m mypy python_backend/planner.py python_backend/cost_models.py \
-		python_backend/engines/tensorrt_engine.py builder/tensorrt_build.py \
-		tools/serve.py tools/front_door.py tools/triton_server.py
+	$(PY) -m mypy python_backend builder bench tools
 
 test: setup lint typecheck
 	$(PY) -m pytest
@@ -54,15 +52,15 @@ serve: setup $(MANIFEST)
 	$(PY) -m tools.serve --repository model_repository --model $(MODEL)
 
 bench-planner: setup
-	$(PY) bench/planner.py
+	$(PY) -m bench.planner
 
 # the planner model beside Triton's dynamic batcher, under perf_analyzer; writes docs/PERFORMANCE.md
 bench: setup
-	$(PY) bench/serving.py
+	$(PY) -m bench.serving
 
 # 64 clients for two minutes: valid, invalid, cancelled and timed-out requests
 soak: setup $(MANIFEST)
-	$(PY) bench/soak.py --seconds 120 --clients 64 --repository model_repository
+	$(PY) -m bench.soak --seconds 120 --clients 64 --repository model_repository
 
 clean:
 	rm -rf $(VENV) build

@@ -1,6 +1,6 @@
 """Writes the benchmark's input data from real text (the licence texts every Debian host has).
 
-    python bench/make_data.py [--rows 1000] [--requests 500]
+    python -m bench.make_data [--rows 1000] [--requests 500]
 
 - bench/data/sample_texts.txt: one row of text a line; the builder chooses buckets from it;
 - bench/data/perf_input.json: perf_analyzer --input-data, one row (TEXT [1]) per request, the
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from builder.corpus import corpus_rows
 
-from builder.corpus import corpus_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT / "bench" / "data"
 

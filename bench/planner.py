@@ -1,7 +1,7 @@
 """Planner benchmark: plan time, plan cost and padding, fast DP beside the reference DP.
 
-    python bench/planner.py            # the full table (a minute or two on 2 cores)
-    python bench/planner.py --quick    # fewer repetitions
+    python -m bench.planner            # the full table (a minute or two on 2 cores)
+    python -m bench.planner --quick    # fewer repetitions
 
 Every figure is measured side by side in one run; the ratios are what matter on a shared machine.
 """
@@ -11,12 +11,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import platform
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from builder.calibrate import median_seconds
 from python_backend.cost_models import LinearCost, MeasuredCost
@@ -26,7 +22,7 @@ from python_backend.planner import (
     plan_batches,
     plan_cost,
 )
-from tests.unit.planner_reference import reference_plan
+from testkit.planner_reference import reference_plan
 
 BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 MAX_LENGTH = 512
@@ -102,18 +98,12 @@ def main() -> None:
         for name in ("chat", "documents", "heavy-tail"):
             for num_rows in sizes:
                 lengths = spread(name, num_rows, rng)
-                kw = dict(
-                    pad_len=pad_len,
-                    max_rows=max_rows,
-                    max_batch=MAX_BATCH,
-                    cost=cost,
-                    mergeable=mergeable,
-                )
-                fast_ms = median_ms(lambda: plan_batches(lengths, **kw), fast_reps)  # noqa: B023
-                ref_ms = median_ms(lambda: reference_plan(lengths, **kw), ref_reps)  # noqa: B023
-                plan = plan_batches(lengths, **kw)
-                ref = reference_plan(lengths, **kw)
-                base = per_bucket_groups(lengths, **kw)
+                plan_args = (pad_len, max_rows, MAX_BATCH, cost, mergeable)
+                fast_ms = median_ms(lambda: plan_batches(lengths, *plan_args), fast_reps)  # noqa: B023
+                ref_ms = median_ms(lambda: reference_plan(lengths, *plan_args), ref_reps)  # noqa: B023
+                plan = plan_batches(lengths, *plan_args)
+                ref = reference_plan(lengths, *plan_args)
+                base = per_bucket_groups(lengths, *plan_args)
                 base_cost = plan_cost(base, cost)
                 print(
                     f"| {cost_name} | {name} | {num_rows} | {fast_ms:.3f} | {ref_ms:.1f} "

@@ -1,6 +1,6 @@
 """How often the DP plan differs from per-bucket grouping on the serving benchmark's own rows.
 
-    python bench/plans_compared.py [--repository build/bench-repository] [--trials 200]
+    python -m bench.plans_compared [--repository build/bench-repository] [--trials 200]
 
 Random collections of the benchmark's request rows (bench/data/perf_input.json), planned with
 the bench model's calibrated cost; for each collection size: the share of collections whose DP
@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.serving import request_rows
+from python_backend.cost_models import cost_model_from_dict
+from python_backend.engines.base import BucketLayout
+from python_backend.manifest import load_manifest
+from python_backend.planner import per_bucket_groups, plan_batches, plan_cost
 
-from bench.serving import request_rows  # noqa: E402
-from python_backend.cost_models import cost_model_from_dict  # noqa: E402
-from python_backend.engines.base import BucketLayout  # noqa: E402
-from python_backend.manifest import load_manifest  # noqa: E402
-from python_backend.planner import per_bucket_groups, plan_batches, plan_cost  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     version = args.repository / "planner_dp" / "1"
     if not (version / "manifest.json").is_file():
-        sys.exit(f"no bench model at {version}: run bench/serving.py (make bench) first")
+        sys.exit(f"no bench model at {version}: run python -m bench.serving (make bench) first")
     manifest = load_manifest(version)
     layout = BucketLayout.from_manifest(manifest)
     fit, table = manifest.planner_cost(), cost_model_from_dict(manifest.calibration["table"])

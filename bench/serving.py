@@ -1,6 +1,6 @@
 """Serving benchmark: the planner model beside Triton's dynamic batcher, on one engine, one run.
 
-    python bench/serving.py [--concurrency 1,2,4,8,16,32,64] [--measurement-ms 4000] [--rebuild]
+    python -m bench.serving [--concurrency 1,2,4,8,16,32,64] [--measurement-ms 4000] [--rebuild]
 
 One Triton server holds three models over the same engine files (built from the real-text
 sample, buckets chosen from its lengths):
@@ -28,15 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.build import build
+from builder.spec import BuildError, BuildSpec
+from builder.triton_config import add_model_variant, write_config
+from tools.front_door import FrontDoor, FrontDoorSettings
+from tools.perf_analyzer import run_perf_analyzer
+from tools.triton_server import TritonServer, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from builder.cli import main as build_main  # noqa: E402
-from builder.triton_config import add_model_variant, write_config  # noqa: E402
-from tools.front_door import FrontDoor, FrontDoorSettings  # noqa: E402
-from tools.perf_analyzer import run_perf_analyzer  # noqa: E402
-from tools.triton_server import TritonServer, free_port  # noqa: E402
-
 MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
 PEER = "dynamic_batcher"
 INPUT_DATA = ROOT / "bench" / "data" / "perf_input.json"
@@ -54,37 +53,24 @@ __all__ = ["TritonPythonModel"]
 PEER_QUEUE_DELAY_US = 2000
 
 
-def build_repository(target: Path, rebuild: bool) -> tuple[Path, str]:
-    """The three models over one set of engine files; returns (repository, builder output)."""
+def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
+    """The three models over one set of engine files; returns (repository, the build's summary)."""
     version = target / "planner_dp" / "1"
-    log = target / "build.log"
-    if rebuild or not (version / "manifest.json").is_file():
-        import contextlib
-        import io
-
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = build_main(
-                [
-                    "build",
-                    "--name",
-                    "planner_dp",
-                    "--repository",
-                    str(target),
-                    "--texts-file",
-                    str(SAMPLE),
-                    "--engine",
-                    "onnxruntime",
-                ]
-            )
-        log.write_text(out.getvalue())
-        if code:
-            sys.exit("the bench model failed to build:\n" + out.getvalue())
+    summary = target / "build-summary.txt"
+    if rebuild or not (version / "manifest.json").is_file() or not summary.is_file():
+        spec = BuildSpec(
+            name="planner_dp", repository=target, texts_file=SAMPLE, engine="onnxruntime"
+        )
+        try:
+            result = build(spec)
+        except BuildError as err:
+            sys.exit(f"the bench model failed to build: {err}")
+        summary.write_text("\n".join(result.summary()) + "\n")
     add_model_variant(target, "planner_dp", "planner_per_bucket", {"planner": "per_bucket"})
     peer = add_model_variant(target, "planner_dp", PEER, model_py=PEER_MODEL_PY)
     peer.dynamic_batching.max_queue_delay_microseconds = PEER_QUEUE_DELAY_US
     write_config(peer, target / PEER)
-    return target, log.read_text()
+    return target, summary.read_text().splitlines()
 
 
 def request_rows(version_dir: Path) -> list[np.ndarray]:
@@ -100,31 +86,26 @@ def request_rows(version_dir: Path) -> list[np.ndarray]:
 def engine_only_limit(
     version_dir: Path, rows: list[np.ndarray], collection: int, rounds: int = 2
 ) -> float:
-    """Rows/s of the same rows run straight through the engine in the DP planner's groups."""
+    """Rows/s of the same rows run through the scheduler's own step, in collections of
+    ``collection`` rows, with no server: the planner's forwards on the engine, nothing else."""
     from python_backend.engines import open_engine
-    from python_backend.engines.base import pad_rows
     from python_backend.manifest import load_manifest
-    from python_backend.planner import plan_batches
+    from python_backend.scheduler import Request, Scheduler
 
     manifest = load_manifest(version_dir)
     engine = open_engine(manifest, version_dir)
-    layout, cost = engine.layout, manifest.planner_cost()
+    scheduler = Scheduler(
+        engine, manifest.pad_token_id, manifest.planner_cost(), manifest.max_batch, len(rows)
+    )
     started = time.perf_counter()
     for _ in range(rounds):
         for a in range(0, len(rows), collection):
-            part = rows[a : a + collection]
-            groups = plan_batches(
-                [len(r) for r in part],
-                layout.pad_len,
-                layout.max_rows,
-                manifest.max_batch,
-                cost,
-                layout.mergeable,
-            )
-            for t, members in groups:
-                ids, mask = pad_rows([part[i] for i in members], t, manifest.pad_token_id)
-                engine.run(ids, mask)
-    return rounds * len(rows) / (time.perf_counter() - started)
+            for row in rows[a : a + collection]:
+                scheduler.submit(Request([row], respond=lambda outcome: None))
+            scheduler.step()
+    seconds = time.perf_counter() - started
+    engine.close()
+    return rounds * len(rows) / seconds
 
 
 def histogram(lengths: list[int]) -> str:
@@ -172,17 +153,32 @@ def measure(
     """One point: stable within 30% over 3 windows if the shared machine allows, else the last
     windows as they were (marked unstable in the table)."""
     csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
-    kw = {"measurement_ms": ms, "request_rate": rate}
     try:
         row, _ = run_perf_analyzer(
-            model, url, INPUT_DATA, concurrency, csv_path, max_trials=6, stability_percent=30, **kw
+            model,
+            url,
+            INPUT_DATA,
+            concurrency,
+            csv_path,
+            measurement_ms=ms,
+            request_rate=rate,
+            max_trials=6,
+            stability_percent=30,
         )
         return row, True
     except RuntimeError as err:
         if "stable" not in str(err):
             raise
     row, _ = run_perf_analyzer(
-        model, url, INPUT_DATA, concurrency, csv_path, max_trials=3, stability_percent=1000, **kw
+        model,
+        url,
+        INPUT_DATA,
+        concurrency,
+        csv_path,
+        measurement_ms=ms,
+        request_rate=rate,
+        max_trials=3,
+        stability_percent=1000,
     )
     return row, False
 
@@ -236,7 +232,7 @@ def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: 
     lines = [
         "## The front door's cost",
         "",
-        f"    python bench/serving.py --front-door-only --measurement-ms {ms}"
+        f"    python -m bench.serving --front-door-only --measurement-ms {ms}"
         "   # make bench runs it too, after the sweep",
         "",
         f"planner_dp at concurrency {concurrency}, perf_analyzer over gRPC, on Triton's own port "
@@ -264,6 +260,66 @@ def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: 
     return "\n".join(lines)
 
 
+def code_comparison(
+    repository: Path, baseline_root: Path, tmp: Path, ms: int, levels: list[int], rounds: int = 2
+) -> list[tuple[int, str, dict, bool]]:
+    """planner_dp served by this checkout's code and by ``baseline_root``'s, on the same
+    repository (the same engine files), one server after the other within each round, so the
+    shared machine's drift falls on both alike. Returns (concurrency, which, row, stable)."""
+    out = []
+    codes = {"this checkout": ROOT, "baseline": baseline_root.resolve()}
+    for _ in range(rounds):
+        for which, code_root in codes.items():
+            server = TritonServer(
+                repository,
+                free_port(),
+                free_port(),
+                free_port(),
+                log_path=tmp / f"triton-{which.replace(' ', '-')}.log",
+                code_root=code_root,
+            )
+            with server:
+                warm_up(server, tmp, ("planner_dp",))
+                for c in levels:
+                    row, stable = measure("planner_dp", server.grpc_url, c, tmp, ms)
+                    out.append((c, which, row, stable))
+                    print(
+                        f"c={c:>3} {which:<14} {row['Inferences/Second']:7.1f} rows/s  "
+                        f"p99 {row['p99 latency'] / 1e3:8.1f} ms",
+                        flush=True,
+                    )
+    return out
+
+
+def code_comparison_report(
+    runs: list[tuple[int, str, dict, bool]], baseline_root: Path, levels: list[int], ms: int
+) -> str:
+    lines = [
+        "## This checkout beside a baseline checkout",
+        "",
+        f"    python -m bench.serving --baseline-tree {baseline_root} --concurrency "
+        f"{','.join(map(str, levels))} --measurement-ms {ms}",
+        "",
+        "planner_dp served from the same repository by each checkout's code in turn, two rounds:",
+        "",
+        "| concurrency | code | rows/s (each round) | mean rows/s | p99 ms (mean) | vs baseline |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in levels:
+        means = {}
+        for which in ("baseline", "this checkout"):
+            rows = [r for cc, w, r, _ in runs if cc == c and w == which]
+            rates = [r["Inferences/Second"] for r in rows]
+            means[which] = float(np.mean(rates))
+            p99 = float(np.mean([r["p99 latency"] / 1e3 for r in rows]))
+            ratio = means[which] / means["baseline"]
+            lines.append(
+                f"| {c} | {which} | {', '.join(f'{x:.1f}' for x in rates)} | {means[which]:.1f} "
+                f"| {p99:.0f} | {ratio:.3f}x |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
@@ -272,18 +328,25 @@ def main() -> int:
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bench model")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="only this: planner_dp served by this checkout's code and by another checkout's "
+        "(e.g. a worktree of the previous commit), side by side",
+    )
+    parser.add_argument(
         "--front-door-only",
         action="store_true",
         help="only the front door's cost: direct against through the front door at c=64",
     )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    repository, build_log = build_repository(args.repository, args.rebuild)
+    repository, build_summary = build_repository(args.repository, args.rebuild)
     version = repository / "planner_dp" / "1"
     rows = request_rows(version)
     lengths = [len(r) for r in rows]
     mean_tokens = float(np.mean(lengths))
-    print(build_log)
+    print("\n".join(build_summary))
     print(
         f"{len(rows)} requests of one row; tokens: mean {mean_tokens:.1f}, median "
         f"{np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, max {max(lengths)}"
@@ -294,6 +357,14 @@ def main() -> int:
         server = TritonServer(
             repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
         )
+        if args.baseline_tree is not None:
+            code_runs = code_comparison(
+                repository, args.baseline_tree, Path(tmp), args.measurement_ms, levels
+            )
+            print(
+                code_comparison_report(code_runs, args.baseline_tree, levels, args.measurement_ms)
+            )
+            return 0
         if args.front_door_only:
             with server:
                 warm_up(server, Path(tmp), ("planner_dp",))
@@ -338,7 +409,7 @@ def main() -> int:
                     flush=True,
                 )
             runs = front_door_comparison(server, Path(tmp), args.measurement_ms)
-    text = report(results, limit, mean_tokens, lengths, build_log, levels, args)
+    text = report(results, limit, mean_tokens, lengths, build_summary, levels, args)
     text += "\n\n" + half_load_report(half_load, at_half)
     door = front_door_report(runs, 64, args.measurement_ms)
     print(text + "\n\n" + door)
@@ -349,12 +420,12 @@ def main() -> int:
     return 0
 
 
-def report(results, limit, mean_tokens, lengths, build_log, levels, args) -> str:
+def report(results, limit, mean_tokens, lengths, build_summary, levels, args) -> str:
     peer = {p["concurrency"]: p for p in results[PEER]}
     lines = [
         "## Serving: the planner beside Triton's dynamic batcher",
         "",
-        f"    python bench/serving.py --concurrency {args.concurrency} --measurement-ms {args.measurement_ms}"
+        f"    python -m bench.serving --concurrency {args.concurrency} --measurement-ms {args.measurement_ms}"
         "   # or: make bench",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), no GPU; Triton 2.51.0 from "
@@ -367,9 +438,9 @@ def report(results, limit, mean_tokens, lengths, build_log, levels, args) -> str
         f"- **dynamic_batcher**: the peer: Triton's `dynamic_batching` (max queue delay "
         f"{PEER_QUEUE_DELAY_US} us, up to 64 rows), every batch padded to its longest row.",
         "",
-        "Builder output for this corpus (buckets chosen from the sample's lengths):",
+        "The build for this corpus (buckets chosen from the sample's lengths):",
         "",
-        *["    " + line for line in build_log.splitlines() if "bucket" in line or "fit:" in line],
+        *["    " + line for line in build_summary],
         "",
         f"Request lengths ({len(lengths)} rows, mean {mean_tokens:.1f} tokens):",
         "",

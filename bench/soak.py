@@ -1,6 +1,6 @@
 """Soak: many concurrent clients mixing valid, invalid, cancelled and timed-out requests.
 
-    python bench/soak.py [--seconds 120] [--clients 64] [--repository DIR]
+    python -m bench.soak [--seconds 120] [--clients 64] [--repository DIR]
 
 Bounded in time and count; talks only to a server it starts on loopback. Every valid request
 must be answered once with its own rows' outputs (checked against MiniLM in torch, each row
@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from builder.corpus import corpus_rows
+from testkit.triton_clients import client, infer, text_inputs
 
-from builder.corpus import corpus_rows  # noqa: E402
-from tests.e2e.clients import client, infer, text_inputs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TOLERANCE = 1e-4
 INVALID = [
@@ -159,11 +158,13 @@ def run_soak(
 
 
 def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
-    from builder.cli import default_model_dir
+    from builder.build import default_model_dir
     from builder.families import load_model, run_rows_alone
     from python_backend.tokenization import TextTokenizer
 
     model_dir = default_model_dir()
+    if model_dir is None:
+        sys.exit("the reference model is not installed: run `make setup`")
     rows = TextTokenizer(model_dir / "tokenizer.json", 256).encode(texts, truncate=True)
     return dict(enumerate(run_rows_alone(load_model(model_dir).module, rows)))
 
@@ -201,27 +202,21 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.clients <= 256 or not 1 <= args.seconds <= 900:
         parser.error("--clients must be 1..256 and --seconds 1..900 (the soak is bounded)")
-    from builder.cli import main as build_main
+    from builder.build import build
+    from builder.spec import BuildSpec
     from tools.triton_server import TritonServer, free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         repository = args.repository
         if repository is None:
             repository = Path(tmp) / "repository"
-            assert (
-                build_main(
-                    [
-                        "build",
-                        "--repository",
-                        str(repository),
-                        "--quiet",
-                        "--calibration-repeats",
-                        "0",
-                        "--buckets",
-                        "16,32,64,128,256",
-                    ]
+            build(
+                BuildSpec(
+                    repository=repository,
+                    quiet=True,
+                    calibration_repeats=0,
+                    buckets=(16, 32, 64, 128, 256),
                 )
-                == 0
             )
         texts = corpus_rows(300, seed=99)
         reference = reference_embeddings(texts)

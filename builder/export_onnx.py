@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from builder.families import LoadedModel
+from python_backend.contract import ENGINE_INPUTS
 
 OPSET = 17
 
@@ -23,11 +24,10 @@ def export_onnx(model: LoadedModel, path: Path, sample_length: int = 16) -> Path
             model.module,
             (ids, mask),
             str(path),
-            input_names=["input_ids", "attention_mask"],
+            input_names=list(ENGINE_INPUTS),
             output_names=[model.output_name],
             dynamic_axes={
-                "input_ids": {0: "batch", 1: "sequence"},
-                "attention_mask": {0: "batch", 1: "sequence"},
+                **{name: {0: "batch", 1: "sequence"} for name in ENGINE_INPUTS},
                 model.output_name: {0: "batch"},
             },
             opset_version=OPSET,

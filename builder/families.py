@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-FAMILIES = ("embedding", "classifier", "decoder")
+from python_backend.contract import FAMILIES, FAMILY_OUTPUTS
+
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
@@ -195,7 +196,7 @@ def load_model(
     return LoadedModel(
         module=module,
         family=family,
-        output_name="EMBEDDING" if family == "embedding" else "LOGITS",
+        output_name=FAMILY_OUTPUTS[family],
         output_dim=out_dim,
         max_length=model_max_length(model_dir, config),
         vocab_size=int(config.vocab_size),

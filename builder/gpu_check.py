@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.build import build, tensorrt_ready
 from builder.calibrate import median_seconds
-from builder.cli import main as build_main
-from builder.cli import tensorrt_ready
+from builder.spec import BuildError, BuildSpec
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
 from python_backend.manifest import load_manifest
@@ -40,24 +40,19 @@ def main(argv: list[str] | None = None) -> int:
         print("TensorRT and a CUDA GPU are needed for this check", file=sys.stderr)
         return 2
     repo = args.work_dir / "repository"
-    common = [
-        "build",
-        "--repository",
-        str(repo),
-        "--buckets",
-        args.buckets,
-        "--calibration-repeats",
-        "0",
-        "--work-dir",
-        str(args.work_dir),
-        "--max-batch",
-        "128",
-        "--token-budget",
-        "32768",
-    ]
-    if build_main([*common, "--name", "trt", "--engine", "tensorrt", "--precision", "fp16"]):
-        return 1
-    if build_main([*common, "--name", "ort", "--engine", "onnxruntime"]):
+    common = BuildSpec(
+        repository=repo,
+        buckets=tuple(int(x) for x in args.buckets.split(",")),
+        calibration_repeats=0,
+        work_dir=args.work_dir,
+        max_batch=128,
+        token_budget=32768,
+    )
+    try:
+        build(common.with_(name="trt", engine="tensorrt", precision="fp16"))
+        build(common.with_(name="ort", engine="onnxruntime"))
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     trt_manifest = load_manifest(repo / "trt" / "1")
     trt = open_engine(trt_manifest, repo / "trt" / "1")

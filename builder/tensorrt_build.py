@@ -17,9 +17,10 @@ from pathlib import Path
 
 import tensorrt as trt
 
+from python_backend.contract import ENGINE_INPUTS
 from python_backend.manifest import Bucket, LongRows
 
-INPUT_NAMES = ("input_ids", "attention_mask")
+INPUT_NAMES = ENGINE_INPUTS
 WORKSPACE_BYTES = 8 << 30
 
 

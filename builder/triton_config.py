@@ -13,38 +13,36 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-MAX_BATCH_SIZE = 64
+from python_backend.contract import (
+    MAX_ROWS_PER_REQUEST,
+    NUM_TOKENS_OUTPUT,
+    PARAMETER_DEFAULTS,
+    REQUEST_INPUTS,
+)
 
-# model parameters: every one of them can be overridden in config.pbtxt or by an environment
-# variable of the same name in upper case (see python_backend/settings.py)
-DEFAULT_PARAMETERS = {
-    "truncate_default": "true",
-    "max_queue_rows": "4096",
-    "default_timeout_ms": "0",
-    "overhead_tokens": "",
-    "max_batch": "",
-    "planner": "dp",
-    "fault_injection": "",
-}
+MAX_BATCH_SIZE = MAX_ROWS_PER_REQUEST
+
+# model parameters: every one of them can be overridden in config.pbtxt, or for one model by an
+# environment variable (see python_backend/settings.py)
+DEFAULT_PARAMETERS = PARAMETER_DEFAULTS
 
 
 def model_config(
     name: str, output_name: str, output_dim: int, parameters: dict[str, str] | None = None
 ) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    text, input_ids, attention_mask = REQUEST_INPUTS
+    config.input.append(mc.ModelInput(name=text, data_type=mc.TYPE_STRING, dims=[1], optional=True))
     config.input.append(
-        mc.ModelInput(name="TEXT", data_type=mc.TYPE_STRING, dims=[1], optional=True)
+        mc.ModelInput(name=input_ids, data_type=mc.TYPE_INT64, dims=[-1], optional=True)
     )
     config.input.append(
-        mc.ModelInput(name="INPUT_IDS", data_type=mc.TYPE_INT64, dims=[-1], optional=True)
-    )
-    config.input.append(
-        mc.ModelInput(name="ATTENTION_MASK", data_type=mc.TYPE_INT64, dims=[-1], optional=True)
+        mc.ModelInput(name=attention_mask, data_type=mc.TYPE_INT64, dims=[-1], optional=True)
     )
     config.output.append(
         mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])
     )
-    config.output.append(mc.ModelOutput(name="NUM_TOKENS", data_type=mc.TYPE_INT32, dims=[1]))
+    config.output.append(mc.ModelOutput(name=NUM_TOKENS_OUTPUT, data_type=mc.TYPE_INT32, dims=[1]))
     config.instance_group.append(
         mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
     )

@@ -13,6 +13,7 @@ and the best split of identical rows) keyed by the model itself.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +22,27 @@ import numpy as np
 DEFAULT_OVERHEAD_TOKENS = 512.0
 # the server reads it (python_backend/settings.py) to override the cost model with LinearCost
 OVERHEAD_ENV_VAR = "PLANNER_OVERHEAD_TOKENS"
+
+
+def next_captured_size(captured: Sequence[int], num_rows: int) -> int:
+    """The batch an engine really runs for ``num_rows``: the smallest captured size that holds
+    them (CUDA graphs), or the rows themselves where none does (or none was captured)."""
+    j = bisect.bisect_left(captured, num_rows)
+    return captured[j] if j < len(captured) else num_rows
+
+
+def over_lengths(lengths: Sequence[int], at: Callable[[int], float], padded_length: int) -> float:
+    """A quantity known at each bucket length (``at(i)`` for ``lengths[i]``), at any padded
+    length: linear between two bucket lengths, in proportion to the length below the first and
+    above the last (the per-token cost of the nearest bucket)."""
+    if padded_length >= lengths[-1]:
+        return at(len(lengths) - 1) * padded_length / lengths[-1]
+    if padded_length <= lengths[0]:
+        return at(0) * padded_length / lengths[0]
+    hi = bisect.bisect_left(lengths, padded_length)
+    lo = hi - 1
+    w = (padded_length - lengths[lo]) / (lengths[hi] - lengths[lo])
+    return at(lo) + w * (at(hi) - at(lo))
 
 
 class CostModel(Protocol):
@@ -133,24 +155,12 @@ class MeasuredCost:
     def time_us(self, num_rows: int, padded_length: int) -> float:
         """Interpolated forward time of ``num_rows`` rows at ``padded_length``."""
         batch = float(self._run_batch(num_rows))
-        lengths = self.lengths
-        if padded_length >= lengths[-1]:
-            top = self._time_at_length_index(len(lengths) - 1, batch)
-            return top * padded_length / lengths[-1]
-        if padded_length <= lengths[0]:
-            return self._time_at_length_index(0, batch) * padded_length / lengths[0]
-        hi = bisect.bisect_left(lengths, padded_length)
-        lo = hi - 1
-        t_lo = self._time_at_length_index(lo, batch)
-        t_hi = self._time_at_length_index(hi, batch)
-        w = (padded_length - lengths[lo]) / (lengths[hi] - lengths[lo])
-        return t_lo + w * (t_hi - t_lo)
+        return over_lengths(
+            self.lengths, lambda i: self._time_at_length_index(i, batch), padded_length
+        )
 
     def _run_batch(self, num_rows: int) -> int:
-        captured = self.captured_batch_sizes
-        if not captured or num_rows > captured[-1]:
-            return num_rows
-        return captured[bisect.bisect_left(captured, num_rows)]
+        return next_captured_size(self.captured_batch_sizes, num_rows)
 
     def cost(self, num_rows: int, padded_length: int) -> float:
         return self.time_us(num_rows, padded_length) / self.us_per_token
@@ -190,12 +200,7 @@ class BucketAffineCost:
             raise ValueError("BucketAffineCost.row_costs must be one positive cost per length")
 
     def row_cost(self, padded_length: int) -> float:
-        lengths = self.lengths
-        if padded_length >= lengths[-1]:
-            return self.row_costs[-1] * padded_length / lengths[-1]
-        if padded_length <= lengths[0]:
-            return self.row_costs[0] * padded_length / lengths[0]
-        return float(np.interp(padded_length, lengths, self.row_costs))
+        return over_lengths(self.lengths, lambda i: self.row_costs[i], padded_length)
 
     def affine_row(self, padded_length: int) -> tuple[float, float]:
         return float(self.overhead_tokens), self.row_cost(padded_length)
@@ -212,34 +217,64 @@ class BucketAffineCost:
         }
 
 
-def cost_model_from_dict(data: dict[str, object]) -> CostModel:
-    """Reads a cost model stored in a manifest (see ``to_dict`` / ``linear_to_dict``)."""
+# the cost models a manifest stores
+StoredCost = LinearCost | BucketAffineCost | MeasuredCost
+
+
+def _number(data: dict[str, object], key: str) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"cost_model.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _sequence(data: dict[str, object], key: str, default: object = None) -> list[object]:
+    value = data.get(key, default)
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"cost_model.{key} must be a list, got {value!r}")
+    return list(value)
+
+
+def _ints(data: dict[str, object], key: str, default: object = None) -> tuple[int, ...]:
+    return tuple(int(_number({key: x}, key)) for x in _sequence(data, key, default))
+
+
+def _floats(data: dict[str, object], key: str) -> tuple[float, ...]:
+    return tuple(_number({key: x}, key) for x in _sequence(data, key))
+
+
+def cost_model_from_dict(data: dict[str, object]) -> StoredCost:
+    """Reads a cost model stored in a manifest (the inverse of ``cost_model_to_dict``)."""
     kind = data.get("kind")
     if kind == "linear":
-        return LinearCost(float(data["overhead_tokens"]))  # type: ignore[arg-type]
+        return LinearCost(_number(data, "overhead_tokens"))
     if kind == "affine":
         return BucketAffineCost(
-            overhead_tokens=float(data["overhead_tokens"]),  # type: ignore[arg-type]
-            lengths=tuple(int(x) for x in data["lengths"]),  # type: ignore[attr-defined]
-            row_costs=tuple(float(x) for x in data["row_costs"]),  # type: ignore[attr-defined]
+            overhead_tokens=_number(data, "overhead_tokens"),
+            lengths=_ints(data, "lengths"),
+            row_costs=_floats(data, "row_costs"),
         )
     if kind == "measured":
         times = tuple(
-            tuple(float("nan") if t is None else float(t) for t in row)
-            for row in data["times_us"]  # type: ignore[attr-defined]
+            tuple(float("nan") if t is None else _number({"times_us": t}, "times_us") for t in row)
+            for row in (_sequence({"row": r}, "row") for r in _sequence(data, "times_us"))
         )
         return MeasuredCost(
-            lengths=tuple(int(x) for x in data["lengths"]),  # type: ignore[attr-defined]
-            batch_sizes=tuple(int(x) for x in data["batch_sizes"]),  # type: ignore[attr-defined]
+            lengths=_ints(data, "lengths"),
+            batch_sizes=_ints(data, "batch_sizes"),
             times_us=times,
-            us_per_token=float(data["us_per_token"]),  # type: ignore[arg-type]
-            captured_batch_sizes=tuple(
-                int(x)
-                for x in data.get("captured_batch_sizes", ())  # type: ignore[attr-defined]
-            ),
+            us_per_token=_number(data, "us_per_token"),
+            captured_batch_sizes=_ints(data, "captured_batch_sizes", ()),
         )
     raise ValueError(f"cost_model.kind must be 'linear', 'affine' or 'measured', got {kind!r}")
 
 
+def cost_model_to_dict(model: StoredCost) -> dict[str, object]:
+    """What a manifest stores for a cost model."""
+    if isinstance(model, LinearCost):
+        return {"kind": "linear", "overhead_tokens": model.overhead_tokens}
+    return model.to_dict()
+
+
 def linear_to_dict(model: LinearCost) -> dict[str, object]:
-    return {"kind": "linear", "overhead_tokens": model.overhead_tokens}
+    return cost_model_to_dict(model)

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, REQUEST_INPUTS
 from python_backend.tokenization import TextTokenizer
 
 # a token covers at least one character, and real text averages 4-5 per token: a row of more
-# than this many bytes per allowed token cannot be meant for this model, and tokenizing it would
-# stall every other request
-MAX_TEXT_BYTES_PER_TOKEN = 32
+# than MAX_TEXT_BYTES_PER_TOKEN bytes per allowed token cannot be meant for this model, and
+# tokenizing it would stall every other request
 
 
 class RequestError(ValueError):
@@ -185,7 +185,7 @@ def decode_request(
     limits: Limits,
 ) -> DecodedRequest:
     """Validated token rows of one request; raises RequestError naming what is wrong."""
-    text, ids, mask = inputs.get("TEXT"), inputs.get("INPUT_IDS"), inputs.get("ATTENTION_MASK")
+    text, ids, mask = (inputs.get(name) for name in REQUEST_INPUTS)
     if text is not None and ids is not None:
         raise RequestError("send exactly one of TEXT or INPUT_IDS, not both", "bad_inputs")
     if text is None and ids is None:

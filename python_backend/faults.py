@@ -1,7 +1,9 @@
 """Fault injection for the reliability tests: an engine wrapper that fails on purpose.
 
-Only a test model repository sets the ``fault_injection`` parameter; the default config leaves it
-empty and the wrapper is never built. The spec is a comma-separated list of:
+Only a test model repository enables it, with a file of its own beside the manifest
+(``faults.txt`` in the version folder). It is never read from the environment or from
+config.pbtxt, and the builder never writes that file, so a production model cannot inject faults
+by a stray setting. The file holds one spec, a comma-separated list of:
 - ``oom_above_tokens=N``: a forward of more than N padded tokens raises MemoryError, like a GPU
   out of memory;
 - ``poison_token=ID``: a forward holding a row with this token id raises RuntimeError, like a row
@@ -10,13 +12,31 @@ empty and the wrapper is never built. The spec is a comma-separated list of:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from python_backend.engines.base import Engine
 
+FAULTS_FILE = "faults.txt"
+
 
 class InjectedFault(RuntimeError):
     pass
+
+
+def load_fault_spec(version_dir: Path) -> str | None:
+    """The spec of a test repository's ``faults.txt``, or None (every production model)."""
+    path = Path(version_dir) / FAULTS_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def write_fault_spec(version_dir: Path, spec: str) -> Path:
+    """For test repositories: makes the model in ``version_dir`` inject these faults."""
+    parse_fault_spec(spec)  # refuse a bad spec here, not at model load
+    path = Path(version_dir) / FAULTS_FILE
+    path.write_text(spec + "\n")
+    return path
 
 
 def parse_fault_spec(spec: str) -> dict[str, int]:
@@ -25,7 +45,7 @@ def parse_fault_spec(spec: str) -> dict[str, int]:
         key, _, value = item.partition("=")
         if key not in ("oom_above_tokens", "poison_token") or not value.strip().isdigit():
             raise ValueError(
-                f"fault_injection item {item!r}: expected oom_above_tokens=N or poison_token=ID"
+                f"fault spec item {item!r}: expected oom_above_tokens=N or poison_token=ID"
             )
         faults[key] = int(value)
     return faults

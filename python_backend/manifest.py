@@ -13,14 +13,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from python_backend.cost_models import CostModel, cost_model_from_dict
+from python_backend.contract import FAMILIES, FAMILY_OUTPUTS
+from python_backend.cost_models import (
+    CostModel,
+    StoredCost,
+    cost_model_from_dict,
+    cost_model_to_dict,
+)
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
-FAMILIES = ("embedding", "classifier", "decoder")
 ENGINE_KINDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16")
-OUTPUT_FOR_FAMILY = {"embedding": "EMBEDDING", "classifier": "LOGITS", "decoder": "LOGITS"}
 
 
 class ManifestError(ValueError):
@@ -60,7 +64,7 @@ class Manifest:
     engine_kind: str  # onnxruntime | tensorrt
     engine_files: tuple[str, ...]  # relative to the version folder
     precision: str  # fp32 | fp16
-    cost_model: dict[str, Any]  # see cost_models.cost_model_from_dict
+    cost_model: StoredCost  # the planner's cost model, parsed once (stored as a dict)
     long_rows: LongRows | None = None  # None: rows above the last bucket are truncated or refused
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
@@ -71,10 +75,11 @@ class Manifest:
         return self.buckets[-1].length
 
     def planner_cost(self) -> CostModel:
-        return cost_model_from_dict(self.cost_model)
+        return self.cost_model
 
     def to_json(self) -> str:
         data = asdict(self)
+        data["cost_model"] = cost_model_to_dict(self.cost_model)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, version_dir: Path) -> Path:
@@ -139,9 +144,9 @@ def manifest_from_dict(data: Any) -> Manifest:
         )
     family = _choice(data, "family", FAMILIES)
     output_name = _require(data, "output_name", str)
-    if output_name != OUTPUT_FOR_FAMILY[family]:
+    if output_name != FAMILY_OUTPUTS[family]:
         raise ManifestError(
-            f"manifest field 'output_name' must be {OUTPUT_FOR_FAMILY[family]} for {family}"
+            f"manifest field 'output_name' must be {FAMILY_OUTPUTS[family]} for {family}"
         )
     raw_buckets = _require(data, "buckets", list)
     if not raw_buckets:
@@ -166,9 +171,8 @@ def manifest_from_dict(data: Any) -> Manifest:
     engine_files = _require(data, "engine_files", list)
     if not engine_files or not all(isinstance(f, str) and f for f in engine_files):
         raise ManifestError("manifest field 'engine_files' must list file names")
-    cost = _require(data, "cost_model", dict)
     try:
-        cost_model_from_dict(cost)
+        cost = cost_model_from_dict(_require(data, "cost_model", dict))
     except (KeyError, TypeError, ValueError) as err:
         raise ManifestError(f"manifest field 'cost_model' is invalid: {err}") from None
     return Manifest(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,7 +43,8 @@ class TritonMetrics(SchedulerMetrics):
         self._warned = False
         self._log = pb_utils.Logger.log_warn
         self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, object]] = Counter()  # (what, label) -> amount pending
+        # (what, label) -> amount pending; plan costs are fractional token-units, hence float
+        self._counts: defaultdict[tuple[str, str | int | None], float] = defaultdict(float)
         self._latencies: list[tuple[int, float]] = []  # (bucket, seconds) pending
         self._queue_rows: int | None = None  # latest queue depth, pending
         self._last_flush = time.monotonic()
@@ -150,13 +151,13 @@ class TritonMetrics(SchedulerMetrics):
     def flush(self) -> None:
         """Sends what was recorded since the last flush to Triton."""
         with self._lock:
-            counts, self._counts = self._counts, Counter()
+            counts, self._counts = self._counts, defaultdict(float)
             latencies, self._latencies = self._latencies, []
             queue_rows, self._queue_rows = self._queue_rows, None
             self._last_flush = time.monotonic()
         for (kind, key), amount in counts.items():
             if kind in ("rows", "forwards"):
-                rows_metric, forwards_metric, _ = self._bucket(int(key))  # type: ignore[arg-type]
+                rows_metric, forwards_metric, _ = self._bucket(int(key or 0))
                 (rows_metric if kind == "rows" else forwards_metric).increment(amount)
             elif kind == "tokens":
                 (self._real if key == "real" else self._padded).increment(amount)

@@ -60,6 +60,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -411,3 +412,38 @@ def padding_efficiency(lengths: Sequence[int], groups: Sequence[Group]) -> float
     """Real tokens over padded tokens computed by a plan (1.0 means no padding)."""
     padded = sum(t * len(rows) for t, rows in groups)
     return float(sum(lengths)) / padded if padded else 1.0
+
+
+class PlanLayout(Protocol):
+    """What a planner needs of the engine and the server: one object, not four arguments.
+    ``engines.base.BucketLayout`` is the one the server uses."""
+
+    max_batch: int  # the server's cap on rows per forward
+
+    def pad_len(self, num_tokens: int) -> int: ...  # the length a row of n tokens runs at
+
+    def max_rows(self, padded_length: int) -> int: ...  # rows the engine takes at that length
+
+    def mergeable(self, num_tokens: int) -> bool: ...  # False: runs at its exact length only
+
+
+# A planner: which rows share each forward. Siblings share this signature and the cost model;
+# ``PLANNERS`` names them for the configuration.
+Planner = Callable[[Sequence[int], PlanLayout, CostModel], list[Group]]
+
+
+def plan_dp(lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+    """The exact DP partitioner (``plan_batches``)."""
+    return plan_batches(
+        lengths, layout.pad_len, layout.max_rows, layout.max_batch, cost, layout.mergeable
+    )
+
+
+def plan_per_bucket(lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+    """The baseline: rows grouped by bucket alone (``per_bucket_groups``)."""
+    return per_bucket_groups(
+        lengths, layout.pad_len, layout.max_rows, layout.max_batch, cost, layout.mergeable
+    )
+
+
+PLANNERS: dict[str, Planner] = {"dp": plan_dp, "per_bucket": plan_per_bucket}

@@ -1,25 +1,30 @@
-"""The model's own queue and the one thread that plans and runs it.
+"""The model's own queue, and the step that plans, runs and answers it.
 
-One owner: ``submit`` (called from Triton's ``execute``) only appends under a lock; the scheduler
-thread alone takes work, plans, runs forwards and decides the answers (a responder thread sends
-them). Each request is answered exactly once: with its outputs, or with an error saying why
-(queue full, deadline passed, cancelled, a forward that failed even alone, shutdown).
+One owner: ``submit`` (called from Triton's ``execute``) only appends under a lock; one caller of
+``step`` (the scheduler thread when serving; a test or the simulator driving it directly, with an
+injected clock) takes work, plans, runs forwards and decides the answers. Each request is answered
+exactly once: with its outputs, or with an error saying why (queue full, deadline passed,
+cancelled, a forward that failed even alone, shutdown).
 
-A step of the loop ("a collection"):
-1. take everything queued;
-2. answer cancelled requests and those whose deadline has passed, before they cost anything;
-3. plan all their rows at once with the DP planner (or the per-bucket baseline);
-4. run the groups oldest first: a group's age is that of the oldest request it serves, so the
-   request that has waited longest is completed first, and a request is answered the moment its
-   last row is computed, not at the end of the collection;
-5. answers leave through a responder thread, so the next forward never waits on a send;
-6. requests that arrive meanwhile wait for the next collection. A request therefore waits at most
-   for the collection in flight and then its own: nothing starves behind a stream of newcomers.
+A step:
+1. ``take``: everything queued becomes one collection;
+2. ``admit``: cancelled requests and those whose deadline has passed are answered before they
+   cost anything;
+3. ``plan``: the policy sees every row with its length and its request's arrival time and the
+   step's ``now``, and returns forwards (plain data: padded length, rows, age). A policy may leave
+   rows waiting (``Plan.waiting``), which go back to the front of the queue; the policies here run
+   everything at once, with the DP planner or the per-bucket baseline;
+4. forwards run oldest first (a forward is as old as the oldest request it serves), so the request
+   that waited longest completes first; each forward is ``execute``d (pad, run) and ``complete``d
+   (scatter its outputs, answer each request whose last row is done);
+5. answers leave through a responder thread when one runs, so the next forward never waits on a
+   send. Requests that arrive meanwhile wait for the next step: a request waits at most for the
+   step in flight and then its own, and nothing starves behind newcomers.
 
-When a forward fails (out of memory, an engine limit, a poisoned row) the group is split, not
-halved: its rows are planned again under a token budget below the one that failed, so long rows
-split off into groups of their own while the short ones stay together, and each part is retried.
-A row that fails alone fails its request with the cause; every other request is still answered.
+When a forward fails (out of memory, an engine limit, a poisoned row) it is split, not halved: its
+rows are planned again, by the same planning call, under a token budget below the one that failed,
+so long rows split off into forwards of their own while short ones stay together, and each part is
+retried. A row that fails alone fails its request with the cause; every other request is answered.
 """
 
 from __future__ import annotations
@@ -29,26 +34,149 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from python_backend.contract import ErrorKind
 from python_backend.cost_models import CostModel
-from python_backend.engines.base import Engine, pad_rows
-from python_backend.planner import per_bucket_groups, plan_batches, plan_cost
+from python_backend.engines.base import BucketLayout, Engine, run_rows
+from python_backend.planner import (
+    PLANNERS,
+    Group,
+    PlanLayout,
+    Planner,
+    plan_cost,
+    plan_per_bucket,
+)
 
-IDLE_WAKE_S = 0.25  # how often an idle scheduler wakes to publish metrics
-# a response: (outputs [B, D] fp32, tokens per row [B] int32) or an error
-Respond = Callable[[np.ndarray | None, np.ndarray | None, "ServeError | None"], None]
+IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
 
 
 class ServeError(Exception):
-    """Why a request got no outputs. ``kind``: queue_full, timeout, cancelled, failed, shutdown."""
+    """Why a request got no outputs."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's outputs."""
+
+    outputs: np.ndarray  # [rows, D] float32, row i for the request's row i
+    num_tokens: np.ndarray  # [rows] int32: tokens each row ran with
+
+
+Outcome = Answer | ServeError
+Respond = Callable[[Outcome], None]
+
+
+def _never_cancelled() -> bool:
+    return False
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """What a client asked for; the scheduler never changes it."""
+
+    rows: list[np.ndarray]  # token ids per row, int64, at least one token each
+    respond: Respond  # called exactly once, with an Answer or a ServeError
+    deadline: float | None = None  # clock time after which it must not start computing
+    is_cancelled: Callable[[], bool] = _never_cancelled  # asked before it costs anything
+
+
+@dataclass(eq=False)
+class Admitted:
+    """The scheduler's record of one queued request: its progress, which only the step changes."""
+
+    request: Request
+    arrival: int  # order of arrival (0, 1, 2, ...): ties in age break by it
+    arrived_at: float  # clock time of submit: the request's age is now - arrived_at
+    outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
+    remaining: int = 0  # rows still to compute
+    done: bool = False  # answered (either way)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.request.rows)
+
+    def claim(self) -> bool:
+        """Marks the request answered; False if it already was (the one answer is sent once)."""
+        with self._lock:
+            if self.done:
+                return False
+            self.done = True
+            return True
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """One row of one admitted request."""
+
+    owner: Admitted
+    index: int  # the row's index within its request
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.owner.request.rows[self.index]
+
+
+@dataclass(frozen=True)
+class QueuedRow:
+    """What a policy sees of a row: no tensors, no request objects."""
+
+    num_tokens: int
+    arrived_at: float  # clock time its request arrived
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One planned forward: plain data."""
+
+    padded_length: int  # T: every row runs padded to this length (>= each row's tokens)
+    rows: tuple[RowRef, ...]  # at most the layout's cap at T, in arrival order
+    oldest_arrival: int  # arrival order of the oldest request served: forwards run oldest first
+    oldest_arrived_at: float  # when that request arrived: the forward's age is now - this
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """A policy's answer for the rows it was shown (indices into that list)."""
+
+    groups: list[Group]  # (padded length, row indices): forwards to run now
+    waiting: list[int] = field(default_factory=list)  # rows left queued for a later step
+    wake_at: float | None = None  # clock time to plan again if nothing arrives (waiting only)
+
+
+class Policy:
+    """Decides, at a step's ``now``, which queued rows run and how they are grouped.
+
+    The base policy runs everything at once with one planner; a policy that waits (a bounded wait
+    for a fuller collection, a dynamic batcher's max queue delay) is a sibling that overrides
+    ``plan`` and returns ``waiting`` rows and a ``wake_at``."""
+
+    def __init__(self, planner: Planner, name: str = "") -> None:
+        self.planner = planner
+        self.name = name or getattr(planner, "__name__", "policy")
+
+    def plan(
+        self, rows: Sequence[QueuedRow], now: float, layout: PlanLayout, cost: CostModel
+    ) -> PolicyPlan:
+        return PolicyPlan(self.planner([r.num_tokens for r in rows], layout, cost))
+
+    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+        """Rows of a failed forward, grouped again under a smaller layout: the same planner."""
+        return self.planner(lengths, layout, cost)
+
+
+def policy_named(name: str) -> Policy:
+    """The policy for a configured planner name (a key of ``planner.PLANNERS``)."""
+    if name not in PLANNERS:
+        raise ValueError(f"no planner named {name!r}; known: {', '.join(PLANNERS)}")
+    return Policy(PLANNERS[name], name)
 
 
 class SchedulerMetrics:
@@ -71,50 +199,21 @@ class SchedulerMetrics:
         """Publishes what was recorded now (when the scheduler stops)."""
 
 
-@dataclass(eq=False)
-class PendingRequest:
-    rows: list[np.ndarray]  # token ids per row, int64
-    respond: Respond  # called exactly once
-    deadline: float | None = None  # time.monotonic() after which it must not start computing
-    is_cancelled: Callable[[], bool] = lambda: False
-    arrival: int = 0  # set by submit: order of arrival
-    outputs: np.ndarray | None = None  # [B, D], filled as groups complete
-    remaining: int = 0  # rows still to compute
-    done: bool = False  # answered (either way)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+class _BudgetLayout:
+    """A layout whose forwards hold at most ``budget`` padded tokens: for re-planning a failure."""
 
-    def __post_init__(self) -> None:
-        self.remaining = len(self.rows)
+    def __init__(self, base: PlanLayout, budget: int) -> None:
+        self.base, self.budget = base, budget
+        self.max_batch = base.max_batch
 
-    def claim(self) -> bool:
-        """Marks the request answered; False if it already was (the one response is sent once)."""
-        with self._lock:
-            if self.done:
-                return False
-            self.done = True
-            return True
+    def pad_len(self, num_tokens: int) -> int:
+        return self.base.pad_len(num_tokens)
 
-    def send(self, outputs: np.ndarray | None, error: ServeError | None) -> None:
-        """Sends the response of a claimed request."""
-        tokens = np.array([len(r) for r in self.rows], dtype=np.int32)
-        self.respond(outputs if error is None else None, tokens if error is None else None, error)
+    def max_rows(self, padded_length: int) -> int:
+        return max(1, min(self.base.max_rows(padded_length), self.budget // padded_length))
 
-    def answer(self, outputs: np.ndarray | None, error: ServeError | None) -> bool:
-        """Claims and sends at once; False if it was already answered."""
-        if not self.claim():
-            return False
-        self.send(outputs, error)
-        return True
-
-
-@dataclass(frozen=True)
-class _Row:
-    request: PendingRequest
-    index: int  # row index within its request
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.request.rows[self.index]
+    def mergeable(self, num_tokens: int) -> bool:
+        return self.base.mergeable(num_tokens)
 
 
 class Scheduler:
@@ -125,59 +224,145 @@ class Scheduler:
         cost: CostModel,
         max_batch: int,
         max_queue_rows: int,
-        planner: str = "dp",
+        policy: Policy | str = "dp",
         metrics: SchedulerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
-        self.layout = engine.layout
+        self.layout: BucketLayout = engine.layout.capped(max_batch)
         self.pad_token_id = pad_token_id
         self.cost = cost
-        self.max_batch = max_batch
         self.max_queue_rows = max_queue_rows
-        self.plan_fn = plan_batches if planner == "dp" else per_bucket_groups
+        self.policy = policy_named(policy) if isinstance(policy, str) else policy
         self.metrics = metrics or SchedulerMetrics()
         self.clock = clock
-        self._queue: list[PendingRequest] = []
+        self._queue: list[Admitted] = []
         self._queued_rows = 0
+        self._wake_at: float | None = None  # a waiting policy's next planning time
         self._cond = threading.Condition()
         self._accepting = True
         self._stop = False
         self._arrivals = itertools.count()
         self._thread: threading.Thread | None = None
         # answers leave through their own thread once started: sending a response is a message
-        # to the server, and the next forward should not wait for it
-        self._outbox: (
-            queue.SimpleQueue[tuple[PendingRequest, np.ndarray | None, ServeError | None] | None]
-            | None
-        ) = None
+        # to the server, and the next forward should not wait for it. Under the lock, an answer
+        # goes to the outbox while it is open, else it is sent at once: none is ever dropped.
+        self._outbox: queue.SimpleQueue[tuple[Admitted, Outcome] | None] | None = None
+        self._outbox_lock = threading.Lock()
         self._responder: threading.Thread | None = None
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
-    def submit(self, request: PendingRequest) -> None:
+    def submit(self, request: Request) -> None:
         """Queues a request, or answers it at once (queue full, shutting down)."""
         num_rows = len(request.rows)
         with self._cond:
             if not self._accepting:
                 error = ServeError(
-                    "shutdown", "the server is shutting down; retry on another instance"
+                    ErrorKind.SHUTDOWN, "the server is shutting down; retry on another instance"
                 )
             elif self._queued_rows + num_rows > self.max_queue_rows:
                 error = ServeError(
-                    "queue_full",
+                    ErrorKind.QUEUE_FULL,
                     f"queue full: {self._queued_rows} rows queued, the limit is "
                     f"{self.max_queue_rows}; retry later",
                 )
             else:
-                request.arrival = next(self._arrivals)
-                self._queue.append(request)
+                self._queue.append(Admitted(request, next(self._arrivals), self.clock()))
                 self._queued_rows += num_rows
                 self.metrics.queue_depth(self._queued_rows)
                 self._cond.notify()
                 return
-        self.metrics.refused(error.kind)
-        request.answer(None, error)
+        self.metrics.refused(error.kind.value)
+        self._finish(Admitted(request, -1, self.clock()), error)
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def take(self) -> list[Admitted]:
+        """Everything queued, oldest first; the queue is left empty."""
+        with self._cond:
+            collection, self._queue, self._queued_rows = self._queue, [], 0
+            self._wake_at = None
+            if collection:
+                self.metrics.queue_depth(0)
+        return collection
+
+    def step(self, now: float | None = None) -> list[Forward]:
+        """One step: take, admit, plan, then execute and complete each forward, oldest first.
+        Returns the forwards planned. Never raises: an internal error fails its requests."""
+        collection = self.take()
+        if not collection:
+            return []
+        try:
+            forwards = self.plan(self.admit(collection), self.clock() if now is None else now)
+            for forward in forwards:
+                self.run(forward)
+            return forwards
+        except Exception as err:  # never lose a request, never kill the thread
+            for owner in collection:
+                self._finish(
+                    owner, ServeError(ErrorKind.FAILED, f"internal scheduler error: {err!r}")
+                )
+            return []
+
+    def admit(self, collection: list[Admitted]) -> list[Admitted]:
+        """The requests still wanted; the others are answered now (timeout, cancelled)."""
+        return [owner for owner in collection if self._still_wanted(owner)]
+
+    def plan(self, live: list[Admitted], now: float) -> list[Forward]:
+        """The policy's forwards for these requests, oldest first; rows it leaves waiting are
+        queued again, ahead of anything that arrived meanwhile."""
+        rows = [RowRef(owner, i) for owner in live for i in range(len(owner.request.rows))]
+        if not rows:
+            return []
+        seen = [QueuedRow(len(row.ids), row.owner.arrived_at) for row in rows]
+        decision = self.policy.plan(seen, now, self.layout, self.cost)
+        self._report_plan([r.num_tokens for r in seen], decision.groups)
+        if decision.waiting:
+            self._requeue(rows, decision.waiting, decision.wake_at)
+        return sorted(
+            (self._forward(t, [rows[i] for i in members]) for t, members in decision.groups),
+            key=lambda f: (f.oldest_arrival, f.rows[0].index),
+        )
+
+    def run(self, forward: Forward) -> None:
+        """Executes one forward and completes it; on failure, splits it and runs the parts."""
+        forward = self._without_unwanted(forward)
+        if not forward.rows:
+            return
+        started = time.perf_counter()
+        try:
+            outputs = self.execute(forward)
+        except Exception as err:
+            self._split_and_retry(forward, err)
+            return
+        real_tokens = sum(len(row.ids) for row in forward.rows)
+        self.metrics.forward(
+            forward.padded_length, len(forward.rows), real_tokens, time.perf_counter() - started
+        )
+        self.metrics.flush_if_due()
+        self.complete(forward, outputs)
+
+    def execute(self, forward: Forward) -> np.ndarray:
+        """Pads the forward's rows to its length and runs the engine: [rows, D] float32."""
+        rows = [row.ids for row in forward.rows]
+        return run_rows(self.engine, rows, forward.padded_length, self.pad_token_id)
+
+    def complete(self, forward: Forward, outputs: np.ndarray) -> None:
+        """Scatters a forward's outputs to their requests; answers each one now complete."""
+        for row, values in zip(forward.rows, outputs, strict=True):
+            owner = row.owner
+            if owner.done:
+                continue
+            if owner.outputs is None:
+                owner.outputs = np.empty((len(owner.request.rows), outputs.shape[1]), np.float32)
+            owner.outputs[row.index] = values
+            owner.remaining -= 1
+            if owner.remaining == 0:
+                tokens = np.array([len(r) for r in owner.request.rows], dtype=np.int32)
+                self._finish(owner, Answer(owner.outputs, tokens))
+
+    # -- the serving thread: a loop around step -------------------------------------------------
 
     def start(self) -> None:
         self._outbox = queue.SimpleQueue()
@@ -186,49 +371,33 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stops accepting, finishes what is queued (up to ``timeout_s``), answers the rest."""
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stops accepting, finishes what is queued (up to ``timeout_s``), answers the rest.
+
+        Returns False when the scheduler thread or the responder was still running at the
+        timeout (a forward that does not end): the caller must not close the engine then."""
         with self._cond:
             self._accepting = False
             self._stop = True
             self._cond.notify()
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
-            self._thread.join(timeout_s)
-        with self._cond:
-            leftover, self._queue, self._queued_rows = self._queue, [], 0
-        for request in leftover:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        for owner in self.take():
             self._finish(
-                request,
-                None,
-                ServeError("shutdown", "the server shut down before this request ran"),
+                owner,
+                ServeError(ErrorKind.SHUTDOWN, "the server shut down before this request ran"),
             )
-        if self._outbox is not None and self._responder is not None:
-            self._outbox.put(None)  # after every answer queued before it
-            self._responder.join(timeout_s)
-
-    def _finish(
-        self, request: PendingRequest, outputs: np.ndarray | None, error: ServeError | None
-    ) -> None:
-        """Answers a request once: through the responder thread when running, else here."""
-        if not request.claim():
-            return
-        if self._outbox is not None:
-            self._outbox.put((request, outputs, error))
-        else:
-            request.send(outputs, error)
-
-    def _send_loop(self) -> None:
-        assert self._outbox is not None
-        while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            request, outputs, error = item
-            # a send that fails means the client's connection is gone: nothing left to tell it
-            with contextlib.suppress(Exception):
-                request.send(outputs, error)
-
-    # -- the scheduler thread -------------------------------------------------------------------
+        with self._outbox_lock:  # from here on, answers are sent by whoever decides them
+            outbox, self._outbox = self._outbox, None
+            if outbox is not None:
+                outbox.put(None)  # after every answer queued before it
+        if self._responder is not None:
+            self._responder.join(max(0.0, deadline - time.monotonic()))
+        return not (
+            (self._thread is not None and self._thread.is_alive())
+            or (self._responder is not None and self._responder.is_alive())
+        )
 
     def _loop(self) -> None:
         while True:
@@ -236,133 +405,134 @@ class Scheduler:
                 if not self._queue and not self._stop:
                     # idle: wake now and then, so metrics recorded meanwhile (refusals in
                     # execute) are published even when no forward runs
-                    self._cond.wait(timeout=IDLE_WAKE_S)
-                if not self._queue:
-                    collection = None
-                else:
-                    collection, self._queue, self._queued_rows = self._queue, [], 0
-                    self.metrics.queue_depth(0)
+                    self._cond.wait(timeout=self._idle_wait_s())
+                has_work = bool(self._queue) and (
+                    self._wake_at is None or self._stop or self.clock() >= self._wake_at
+                )
                 stopping = self._stop
-            if collection is None:
-                # outside the lock, so submit never waits on it; when due only, so a request
-                # arriving right after a forward does not wait on a flush either
-                if stopping:
-                    self.metrics.flush()
-                    return
-                self.metrics.flush_if_due()
+            if has_work:
+                self.step()
                 continue
-            try:
-                self.run_collection(collection)
-            except Exception as err:  # never lose a request, never kill the thread
-                for request in collection:
-                    self._finish(
-                        request, None, ServeError("failed", f"internal scheduler error: {err!r}")
-                    )
+            # outside the lock, so submit never waits on it; when due only, so a request
+            # arriving right after a forward does not wait on a flush either
+            if stopping and not self._queue:
+                self.metrics.flush()
+                return
+            self.metrics.flush_if_due()
+            if self._queue and not stopping:  # a waiting policy's rows: sleep until due
+                with self._cond:
+                    self._cond.wait(timeout=self._idle_wait_s())
 
-    def run_collection(self, collection: list[PendingRequest]) -> None:
-        """Plans and runs one collection of requests; answers every one of them."""
-        live = [r for r in collection if self._still_wanted(r)]
-        rows = [_Row(r, i) for r in live for i in range(len(r.rows))]
-        if not rows:
+    def _idle_wait_s(self) -> float:
+        if self._wake_at is None:
+            return IDLE_WAKE_S
+        return max(0.0, min(IDLE_WAKE_S, self._wake_at - self.clock()))
+
+    def _send_loop(self) -> None:
+        outbox = self._outbox
+        assert outbox is not None
+        while True:
+            item = outbox.get()
+            if item is None:
+                return
+            owner, outcome = item
+            self._send(owner, outcome)
+
+    # -- answering --------------------------------------------------------------------------------
+
+    def _finish(self, owner: Admitted, outcome: Outcome) -> None:
+        """Answers a request once: through the responder thread while it runs, else here."""
+        if not owner.claim():
             return
-        lengths = [len(row.ids) for row in rows]
-        args = (lengths, self.layout.pad_len, self.layout.max_rows, self.max_batch)
-        groups = self.plan_fn(*args, cost=self.cost, mergeable=self.layout.mergeable)
-        planned = plan_cost(groups, self.cost)
-        if self.plan_fn is per_bucket_groups:  # the plan is the baseline: no second grouping
-            baseline = planned
-        else:
-            baseline = plan_cost(
-                per_bucket_groups(*args, mergeable=self.layout.mergeable), self.cost
-            )
-        self.metrics.plan(planned, baseline)
-        # oldest first: a group is as old as the oldest request it serves (rows are in arrival
-        # order, so its first row's request is that one)
-        groups.sort(key=lambda g: (rows[g[1][0]].request.arrival, rows[g[1][0]].index))
-        for padded_length, members in groups:
-            # asked once per request, not per row: is_cancelled is a message to the server
-            wanted: dict[PendingRequest, bool] = {}
-            for i in members:
-                if rows[i].request not in wanted:
-                    wanted[rows[i].request] = self._still_wanted(rows[i].request)
-            group = [rows[i] for i in members if wanted[rows[i].request]]
-            if group:
-                self._run_group(padded_length, group)
+        with self._outbox_lock:
+            if self._outbox is not None:
+                self._outbox.put((owner, outcome))
+                return
+        self._send(owner, outcome)
 
-    def _still_wanted(self, request: PendingRequest) -> bool:
+    @staticmethod
+    def _send(owner: Admitted, outcome: Outcome) -> None:
+        # a send that fails means the client's connection is gone: nothing left to tell it
+        with contextlib.suppress(Exception):
+            owner.request.respond(outcome)
+
+    # -- helpers of the step ---------------------------------------------------------------------
+
+    def _still_wanted(self, owner: Admitted) -> bool:
         """False (after answering it) for a request that is done, cancelled or past its deadline."""
-        if request.done:
+        if owner.done:
             return False
-        if request.deadline is not None and self.clock() > request.deadline:
-            self.metrics.refused("timeout")
+        deadline = owner.request.deadline
+        if deadline is not None and self.clock() > deadline:
+            self.metrics.refused(ErrorKind.TIMEOUT.value)
             self._finish(
-                request, None, ServeError("timeout", "deadline exceeded before the request ran")
+                owner, ServeError(ErrorKind.TIMEOUT, "deadline exceeded before the request ran")
             )
             return False
-        if request.is_cancelled():
-            self.metrics.refused("cancelled")
-            self._finish(request, None, ServeError("cancelled", "the client cancelled the request"))
+        if owner.request.is_cancelled():
+            self.metrics.refused(ErrorKind.CANCELLED.value)
+            self._finish(owner, ServeError(ErrorKind.CANCELLED, "the client cancelled the request"))
             return False
         return True
 
-    def _run_group(self, padded_length: int, group: list[_Row]) -> None:
-        ids, mask = pad_rows([row.ids for row in group], padded_length, self.pad_token_id)
-        started = time.perf_counter()
-        try:
-            out = self.engine.run(ids, mask)
-            if out.shape[0] != len(group):
-                raise RuntimeError(f"engine returned {out.shape[0]} rows for {len(group)}")
-        except Exception as err:
-            self._split_and_retry(padded_length, group, err)
-            return
-        self.metrics.forward(
-            padded_length, len(group), int(mask.sum()), time.perf_counter() - started
+    def _without_unwanted(self, forward: Forward) -> Forward:
+        """The forward without rows of requests answered, cancelled or expired meanwhile; asked
+        once per request, not per row (is_cancelled is a message to the server)."""
+        wanted: dict[int, bool] = {}
+        for row in forward.rows:
+            key = id(row.owner)
+            if key not in wanted:
+                wanted[key] = self._still_wanted(row.owner)
+        kept = [row for row in forward.rows if wanted[id(row.owner)]]
+        if len(kept) == len(forward.rows):
+            return forward
+        return (
+            self._forward(forward.padded_length, kept)
+            if kept
+            else Forward(
+                forward.padded_length, (), forward.oldest_arrival, forward.oldest_arrived_at
+            )
         )
-        self.metrics.flush_if_due()
-        for row, values in zip(group, out, strict=True):
-            request = row.request
-            if request.done:
-                continue
-            if request.outputs is None:
-                request.outputs = np.empty((len(request.rows), out.shape[1]), dtype=np.float32)
-            request.outputs[row.index] = values
-            request.remaining -= 1
-            if request.remaining == 0:
-                self._finish(request, request.outputs, None)
 
-    def _split_and_retry(self, padded_length: int, group: list[_Row], err: Exception) -> None:
-        if len(group) == 1:
-            row = group[0]
+    @staticmethod
+    def _forward(padded_length: int, rows: list[RowRef]) -> Forward:
+        oldest = min(rows, key=lambda r: r.owner.arrival).owner
+        return Forward(padded_length, tuple(rows), oldest.arrival, oldest.arrived_at)
+
+    def _report_plan(self, lengths: list[int], groups: list[Group]) -> None:
+        """The plan's cost beside per-bucket grouping's (a metric of what planning gains)."""
+        baseline = plan_per_bucket(lengths, self.layout, self.cost)
+        self.metrics.plan(plan_cost(groups, self.cost), plan_cost(baseline, self.cost))
+
+    def _requeue(self, rows: list[RowRef], waiting: list[int], wake_at: float | None) -> None:
+        owners: dict[int, Admitted] = {}
+        for i in waiting:
+            owners.setdefault(id(rows[i].owner), rows[i].owner)
+        back = sorted(owners.values(), key=lambda o: o.arrival)
+        with self._cond:
+            self._queue = back + self._queue
+            self._queued_rows += sum(len(o.request.rows) for o in back)
+            self._wake_at = wake_at
+
+    def _split_and_retry(self, forward: Forward, err: Exception) -> None:
+        if len(forward.rows) == 1:
+            row = forward.rows[0]
+            self.metrics.refused("forward_failed")
             self._finish(
-                row.request,
-                None,
+                row.owner,
                 ServeError(
-                    "failed",
+                    ErrorKind.FAILED,
                     f"row {row.index} ({len(row.ids)} tokens) failed even alone: "
                     f"{type(err).__name__}: {err}",
                 ),
             )
-            self.metrics.refused("forward_failed")
             return
-        self.metrics.split(padded_length, len(group))
+        self.metrics.split(forward.padded_length, len(forward.rows))
         # a budget strictly below what failed: long rows split off, short ones stay together
-        budget = max(1, (len(group) * padded_length) // 2)
-
-        def max_rows(t: int) -> int:
-            return max(1, min(self.layout.max_rows(t), budget // t))
-
-        lengths = [len(row.ids) for row in group]
-        parts = self.plan_fn(
-            lengths,
-            self.layout.pad_len,
-            max_rows,
-            self.max_batch,
-            cost=self.cost,
-            mergeable=self.layout.mergeable,
-        )
+        budget = max(1, (len(forward.rows) * forward.padded_length) // 2)
+        lengths = [len(row.ids) for row in forward.rows]
+        parts = self.policy.regroup(lengths, _BudgetLayout(self.layout, budget), self.cost)
         if len(parts) == 1:  # cannot happen (the budget shrank), but never loop on it
-            parts = [(padded_length, [i]) for i in range(len(group))]
-        for part_length, members in parts:
-            part = [group[i] for i in members if not group[i].request.done]
-            if part:
-                self._run_group(part_length, part)
+            parts = [(forward.padded_length, [i]) for i in range(len(forward.rows))]
+        for padded_length, members in parts:
+            self.run(self._forward(padded_length, [forward.rows[i] for i in members]))

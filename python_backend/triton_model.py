@@ -14,27 +14,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend.contract import NUM_TOKENS_OUTPUT, REQUEST_INPUTS, ErrorKind
 from python_backend.cost_models import LinearCost
 from python_backend.decoding import Limits, RequestError, decode_request, parse_options
 from python_backend.engines import open_engine
-from python_backend.faults import FaultInjectingEngine
+from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
-from python_backend.scheduler import PendingRequest, Scheduler, ServeError
+from python_backend.scheduler import Answer, Outcome, Request, Scheduler
 from python_backend.settings import settings_from_parameters
 from python_backend.tokenization import TextTokenizer
 
-INPUT_NAMES = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
-ERROR_CODES = {
-    "queue_full": "UNAVAILABLE",
-    "shutdown": "UNAVAILABLE",
-    "timeout": "UNAVAILABLE",
-    "cancelled": "CANCELLED",
-    "failed": "INTERNAL",
-}
 SHUTDOWN_DRAIN_S = 30.0
 
 
@@ -53,11 +45,12 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.model_name = config["name"]
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.settings = settings_from_parameters(config.get("parameters", {}))
+        self.settings = settings_from_parameters(config.get("parameters", {}), self.model_name)
         manifest = load_manifest(version_dir)
         engine = open_engine(manifest, version_dir)
-        if self.settings.fault_injection:
-            engine = FaultInjectingEngine(engine, self.settings.fault_injection)
+        fault_spec = load_fault_spec(version_dir)  # test repositories only
+        if fault_spec:
+            engine = FaultInjectingEngine(engine, fault_spec)
         self.engine = engine
         self.output_name = manifest.output_name
         cost = (
@@ -75,7 +68,7 @@ class TritonPythonModel:
             cost=cost,
             max_batch=self.settings.max_batch or manifest.max_batch,
             max_queue_rows=self.settings.max_queue_rows,
-            planner=self.settings.planner,
+            policy=self.settings.planner,
             metrics=self.metrics,
         )
         self.scheduler.start()
@@ -91,17 +84,20 @@ class TritonPythonModel:
                 pending = self._decode(request, sender)
             except RequestError as err:
                 self.metrics.refused(err.reason)
-                _send_final(sender, _error_response(str(err), "INVALID_ARG"))
+                _send_final(sender, _error_response(str(err), ErrorKind.INVALID.triton_code))
                 continue
             except Exception as err:  # a bug must cost one request, never the batch of them
                 _send_final(
-                    sender, _error_response(f"could not decode the request: {err!r}", "INTERNAL")
+                    sender,
+                    _error_response(
+                        f"could not decode the request: {err!r}", ErrorKind.FAILED.triton_code
+                    ),
                 )
                 continue
             self.scheduler.submit(pending)
         return None
 
-    def _decode(self, request: Any, sender: Any) -> PendingRequest:
+    def _decode(self, request: Any, sender: Any) -> Request:
         try:
             parameters = json.loads(request.parameters() or "{}")
         except json.JSONDecodeError:
@@ -110,7 +106,7 @@ class TritonPythonModel:
             parameters, self.settings.truncate_default, self.settings.default_timeout_ms
         )
         inputs = {}
-        for name in INPUT_NAMES:
+        for name in REQUEST_INPUTS:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
@@ -118,33 +114,30 @@ class TritonPythonModel:
         deadline = None
         if options.timeout_ms:
             deadline = time.monotonic() + options.timeout_ms / 1000.0
-        return PendingRequest(
+        return Request(
             rows=decoded.rows,
             respond=partial(self._respond, sender),
             deadline=deadline,
             is_cancelled=request.is_cancelled,
         )
 
-    def _respond(
-        self,
-        sender: Any,
-        outputs: np.ndarray | None,
-        tokens: np.ndarray | None,
-        error: ServeError | None,
-    ) -> None:
-        if error is not None or outputs is None or tokens is None:
-            message = str(error) if error is not None else "no outputs"
-            kind = error.kind if error is not None else "failed"
-            response = _error_response(message, ERROR_CODES.get(kind, "INTERNAL"))
-        else:
+    def _respond(self, sender: Any, outcome: Outcome) -> None:
+        if isinstance(outcome, Answer):
             response = pb_utils.InferenceResponse(
                 output_tensors=[
-                    pb_utils.Tensor(self.output_name, outputs),
-                    pb_utils.Tensor("NUM_TOKENS", tokens.reshape(-1, 1)),
+                    pb_utils.Tensor(self.output_name, outcome.outputs),
+                    pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
                 ]
             )
+        else:
+            response = _error_response(str(outcome), outcome.kind.triton_code)
         _send_final(sender, response)
 
     def finalize(self) -> None:
-        self.scheduler.stop(SHUTDOWN_DRAIN_S)
-        self.engine.close()
+        if self.scheduler.stop(SHUTDOWN_DRAIN_S):
+            self.engine.close()
+        else:  # a forward still runs: closing the engine under it could crash the process
+            pb_utils.Logger.log_warn(
+                f"{self.model_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s into "
+                "shutdown; the engine is left to the process exit"
+            )

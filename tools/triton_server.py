@@ -87,13 +87,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_env() -> dict[str, str]:
+def server_env(code_root: Path = ROOT) -> dict[str, str]:
+    """The server's environment; ``code_root`` is where its models import python_backend from."""
     env = dict(os.environ)
     if installed_tritonserver() is None:
         libs = str(triton_home().parent.parent / "nvidia_pytriton.libs")
         env["LD_LIBRARY_PATH"] = ":".join(filter(None, [libs, env.get("LD_LIBRARY_PATH", "")]))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = ":".join(filter(None, [str(code_root), env.get("PYTHONPATH", "")]))
     return env
 
 
@@ -110,11 +111,14 @@ class TritonServer:
         extra_args: list[str] | None = None,
         exit_timeout_s: int = 30,
         address: str | None = None,
+        code_root: Path = ROOT,
     ) -> None:
         self.repository = Path(repository).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         # None: Triton's default (every interface); the launcher passes loopback
         self.address = address
+        # where the models import python_backend from: another checkout serves its own code
+        self.code_root = Path(code_root)
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.exit_timeout_s = exit_timeout_s
@@ -173,7 +177,7 @@ class TritonServer:
             stdout = self._log_file
         self.process = subprocess.Popen(
             self.command(),
-            env=server_env(),
+            env=server_env(self.code_root),
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: the stubs go with it

@@ -7,11 +7,15 @@ from typing import Protocol
 
 import numpy as np
 
+from python_backend.cost_models import next_captured_size
 from python_backend.manifest import Bucket, LongRows, Manifest
 
 
 class BucketLayout:
-    """Length buckets and batch limits, read from the manifest; the planner's three callables."""
+    """Length buckets and batch limits, read from the manifest: the one object that says how a
+    row is padded (``pad_len``), how many rows a forward takes (``max_rows``, ``max_batch``),
+    which rows may share a length (``mergeable``) and what batch really runs (``run_batch_size``).
+    The planner, the engines and the cost tables all read it (``planner.PlanLayout``)."""
 
     def __init__(
         self,
@@ -29,6 +33,12 @@ class BucketLayout:
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> BucketLayout:
         return cls(manifest.buckets, manifest.max_length, manifest.max_batch, manifest.long_rows)
+
+    def capped(self, max_batch: int) -> BucketLayout:
+        """The same layout under a server cap on rows per forward (never above the engine's)."""
+        return BucketLayout(
+            self.buckets, self.max_length, min(max_batch, self.max_batch), self.long_rows
+        )
 
     @property
     def longest_row(self) -> int:
@@ -62,9 +72,7 @@ class BucketLayout:
         i = self.bucket_index(padded_length)
         if i is None:
             return num_rows
-        captured = self.buckets[i].captured_batch_sizes
-        j = bisect.bisect_left(captured, num_rows)
-        return captured[j] if j < len(captured) else num_rows
+        return next_captured_size(self.buckets[i].captured_batch_sizes, num_rows)
 
 
 class Engine(Protocol):
@@ -77,6 +85,17 @@ class Engine(Protocol):
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
     def close(self) -> None: ...
+
+
+def run_rows(
+    engine: Engine, rows: list[np.ndarray], padded_length: int, pad_token_id: int
+) -> np.ndarray:
+    """One forward of ``rows`` right-padded to ``padded_length``: [len(rows), D] float32."""
+    ids, mask = pad_rows(rows, padded_length, pad_token_id)
+    out = engine.run(ids, mask)
+    if out.shape[0] != len(rows):
+        raise RuntimeError(f"engine returned {out.shape[0]} rows for {len(rows)}")
+    return out
 
 
 def pad_rows(

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from python_backend.contract import ENGINE_INPUTS
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Manifest
 
@@ -53,10 +54,16 @@ class OnnxRuntimeEngine:
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         (out,) = self.session.run(
             [self.output_name],
-            {
-                "input_ids": input_ids.astype(np.int64, copy=False),
-                "attention_mask": attention_mask.astype(np.int64, copy=False),
-            },
+            dict(
+                zip(
+                    ENGINE_INPUTS,
+                    (
+                        input_ids.astype(np.int64, copy=False),
+                        attention_mask.astype(np.int64, copy=False),
+                    ),
+                    strict=True,
+                )
+            ),
         )
         return np.asarray(out, dtype=np.float32)
 

@@ -24,10 +24,11 @@ import numpy as np
 import tensorrt as trt
 import torch
 
+from python_backend.contract import ENGINE_INPUTS
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Manifest
 
-INPUT_NAMES = ("input_ids", "attention_mask")
+INPUT_NAMES = ENGINE_INPUTS
 
 
 @dataclass
@@ -106,8 +107,9 @@ class TensorRTEngine:
         ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
         mask = torch.zeros(tokens, dtype=torch.int64, device=self.device)
         out = torch.empty((max_rows, self.output_dim), dtype=torch.float32, device=self.device)
-        context.set_tensor_address("input_ids", ids.data_ptr())
-        context.set_tensor_address("attention_mask", mask.data_ptr())
+        input_ids, attention_mask = ENGINE_INPUTS
+        context.set_tensor_address(input_ids, ids.data_ptr())
+        context.set_tensor_address(attention_mask, mask.data_ptr())
         context.set_tensor_address(self.output_name, out.data_ptr())
         return _Profile(index, length, max_rows, context, ids, mask, out)
 

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from builder.build import BuildResult, build
 from builder.cli import main as builder_main
 from builder.families import load_model, run_rows_alone
+from builder.spec import BuildSpec
 from builder.triton_config import read_config
+from python_backend.cost_models import BucketAffineCost
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
 from python_backend.manifest import load_manifest
@@ -21,19 +24,17 @@ from python_backend.manifest import load_manifest
 TOLERANCE = 1e-4
 
 
-def build(repository: Path, model_dir: Path, name: str, *extra: str, quiet: bool = True) -> Path:
-    """Builds with ONNX Runtime, without calibration unless ``extra`` asks for it."""
-    args = ["build", "--model-dir", str(model_dir), "--name", name]
-    args += [
-        "--repository",
-        str(repository),
-        "--engine",
-        "onnxruntime",
-        "--calibration-repeats",
-        "0",
-    ]
-    assert builder_main([*args, *extra, *(["--quiet"] if quiet else [])]) == 0
-    return repository / name / "1"
+def build_onnx(repository: Path, model_dir: Path, name: str, **settings) -> BuildResult:
+    """Builds with ONNX Runtime, without calibration unless ``settings`` ask for it."""
+    spec = BuildSpec(
+        model_dir=model_dir,
+        name=name,
+        repository=repository,
+        engine="onnxruntime",
+        calibration_repeats=0,
+        quiet=True,
+    )
+    return build(spec.with_(**settings))
 
 
 def reference(model_dir: Path, rows: list[np.ndarray], **kw) -> np.ndarray:
@@ -67,7 +68,7 @@ def assert_engine_matches_reference(version_dir: Path, model_dir: Path, **kw) ->
 
 
 def test_minilm_engine_matches_torch_on_each_row_alone_at_every_bucket(tmp_path, minilm_dir):
-    version = build(tmp_path, minilm_dir, "minilm", "--buckets", "16,48,128,256")
+    version = build_onnx(tmp_path, minilm_dir, "minilm", buckets=(16, 48, 128, 256)).version_dir
     manifest = load_manifest(version)
     assert manifest.family == "embedding" and manifest.output_dim == 384
     assert [b.length for b in manifest.buckets] == [16, 48, 128, 256]
@@ -79,9 +80,9 @@ def test_minilm_engine_matches_torch_on_each_row_alone_at_every_bucket(tmp_path,
 
 
 def test_tiny_classifier_engine_matches_torch(tmp_path, tiny_classifier_dir):
-    version = build(
-        tmp_path, tiny_classifier_dir, "clf", "--buckets", "8,24,64", "--max-length", "64"
-    )
+    version = build_onnx(
+        tmp_path, tiny_classifier_dir, "clf", buckets=(8, 24, 64), max_length=64
+    ).version_dir
     manifest = load_manifest(version)
     assert (manifest.family, manifest.output_name, manifest.output_dim) == (
         "classifier",
@@ -92,34 +93,23 @@ def test_tiny_classifier_engine_matches_torch(tmp_path, tiny_classifier_dir):
 
 
 def test_tiny_decoder_scores_the_last_real_token_of_each_row(tmp_path, tiny_decoder_dir):
-    version = build(
+    version = build_onnx(
         tmp_path,
         tiny_decoder_dir,
         "decider",
-        "--buckets",
-        "8,24,64",
-        "--max-length",
-        "64",
-        "--score-token-ids",
-        "2023,2025",
-    )
+        buckets=(8, 24, 64),
+        max_length=64,
+        score_token_ids=(2023, 2025),
+    ).version_dir
     manifest = load_manifest(version)
     assert (manifest.family, manifest.output_name, manifest.output_dim) == ("decoder", "LOGITS", 2)
     assert_engine_matches_reference(version, tiny_decoder_dir, score_token_ids=[2023, 2025])
 
 
 def test_rows_above_the_last_bucket_run_at_their_exact_length(tmp_path, tiny_classifier_dir):
-    version = build(
-        tmp_path,
-        tiny_classifier_dir,
-        "clf",
-        "--buckets",
-        "8,16",
-        "--max-length",
-        "40",
-        "--last-bucket",
-        "16",
-    )
+    version = build_onnx(
+        tmp_path, tiny_classifier_dir, "clf", buckets=(8, 16), max_length=40, last_bucket=16
+    ).version_dir
     manifest = load_manifest(version)
     assert manifest.long_rows is not None and manifest.max_length == 40
     engine = open_engine(manifest, version)
@@ -129,44 +119,31 @@ def test_rows_above_the_last_bucket_run_at_their_exact_length(tmp_path, tiny_cla
     assert np.abs(engine.run(ids, mask) - reference(tiny_classifier_dir, rows)).max() <= TOLERANCE
 
 
-def test_buckets_are_chosen_from_a_length_sample(tmp_path, tiny_classifier_dir, capsys):
+def test_buckets_are_chosen_from_a_length_sample(tmp_path, tiny_classifier_dir):
     sample = tmp_path / "lengths.txt"
     sample.write_text("\n".join(str(n) for n in [5] * 60 + [12] * 30 + [50] * 10))
-    build(
-        tmp_path,
-        tiny_classifier_dir,
-        "clf",
-        "--lengths-file",
-        str(sample),
-        "--num-buckets",
-        "3",
-        "--max-length",
-        "64",
-        quiet=False,
+    result = build_onnx(
+        tmp_path, tiny_classifier_dir, "clf", lengths_file=sample, num_buckets=3, max_length=64
     )
-    out = capsys.readouterr().out
-    assert "chosen buckets [5, 12, 64]" in out and "power-of-two buckets" in out
+    assert result.buckets.lengths == (5, 12, 64) and result.buckets.source == "sample"
+    assert result.buckets.padding_efficiency > result.buckets.power_of_two_efficiency
     assert [b.length for b in load_manifest(tmp_path / "clf" / "1").buckets] == [5, 12, 64]
 
 
-def test_calibration_stores_a_fitted_cost_model(tmp_path, tiny_classifier_dir, capsys):
-    build(
+def test_calibration_stores_a_fitted_cost_model(tmp_path, tiny_classifier_dir):
+    result = build_onnx(
         tmp_path,
         tiny_classifier_dir,
         "clf",
-        "--buckets",
-        "8,32",
-        "--max-length",
-        "32",
-        "--calibration-repeats",
-        "1",
-        "--token-budget",
-        "256",
-        quiet=False,
+        buckets=(8, 32),
+        max_length=32,
+        calibration_repeats=1,
+        token_budget=256,
     )
-    assert "worst relative error" in capsys.readouterr().out
+    assert any("worst relative error" in line for line in result.summary())
     manifest = load_manifest(tmp_path / "clf" / "1")
-    assert manifest.cost_model["kind"] == "affine"
+    assert manifest.cost_model == result.manifest.cost_model  # stored and read back alike
+    assert isinstance(manifest.cost_model, BucketAffineCost)
     assert manifest.calibration["table"]["lengths"] == [8, 32]
     cost = manifest.planner_cost()
     assert cost.cost(8, 32) > cost.cost(8, 8) > cost.cost(1, 8) > 0

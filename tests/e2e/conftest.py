@@ -12,38 +12,33 @@ import numpy as np
 import pytest
 
 from builder.triton_config import add_model_variant
+from python_backend.faults import write_fault_spec
 from tools.triton_server import TritonServer, free_port
 
 pytest.importorskip("pytriton")
 torch = pytest.importorskip("torch")
 
-BUCKETS = "16,32,64,128,256"
+BUCKETS = (16, 32, 64, 128, 256)
 _LOGS: list[Path] = []
 
 
 def build_repository(root: Path) -> Path:
-    from builder.cli import main as builder_main
+    from builder.build import build
+    from builder.spec import BuildSpec
 
     repository = root / "repository"
-    code = builder_main(
-        [
-            "build",
-            "--name",
-            "minilm",
-            "--repository",
-            str(repository),
-            "--engine",
-            "onnxruntime",
-            "--buckets",
-            BUCKETS,
-            "--calibration-repeats",
-            "0",
-            "--overhead-tokens",
-            "64",
-            "--quiet",
-        ]
+    build(
+        BuildSpec(
+            name="minilm",
+            repository=repository,
+            engine="onnxruntime",
+            buckets=BUCKETS,
+            calibration_repeats=0,
+            cost_model="linear",
+            overhead_tokens=64,
+            quiet=True,
+        )
     )
-    assert code == 0
     return repository
 
 
@@ -51,8 +46,8 @@ def build_repository(root: Path) -> Path:
 def repository(tmp_path_factory) -> Path:
     repo = build_repository(tmp_path_factory.mktemp("e2e"))
     # for the reliability tests: failures on purpose, a small queue
-    faults = {"fault_injection": "oom_above_tokens=1024,poison_token=29999"}
-    add_model_variant(repo, "minilm", "minilm_faults", faults)
+    add_model_variant(repo, "minilm", "minilm_faults")
+    write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
     return repo
 
@@ -81,7 +76,7 @@ def server(repository, tmp_path_factory):
 @pytest.fixture(scope="session")
 def reference_model():
     """MiniLM in torch, run on each row alone: the reference served outputs must match."""
-    from builder.cli import default_model_dir
+    from builder.build import default_model_dir
     from builder.families import load_model, run_rows_alone
 
     module = load_model(default_model_dir()).module
@@ -94,7 +89,7 @@ def reference_model():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from builder.cli import default_model_dir
+    from builder.build import default_model_dir
     from python_backend.tokenization import TextTokenizer
 
     return TextTokenizer(default_model_dir() / "tokenizer.json", 256)

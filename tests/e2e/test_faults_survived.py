@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from tests.e2e.clients import client, infer, text_inputs
+from testkit.triton_clients import client, infer, text_inputs
 from tests.e2e.conftest import _LOGS
 from tests.e2e.stack import Stack
 

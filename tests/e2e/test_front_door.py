@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.clients import PROTOCOLS, client, infer, infer_error, text_inputs
+from testkit.triton_clients import PROTOCOLS, client, infer, infer_error, text_inputs
 from tests.e2e.stack import API_KEY, SHORT_LIMITS
 from tests.e2e.test_serving import total
 

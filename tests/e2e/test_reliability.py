@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from builder.corpus import corpus_rows
-from tests.e2e.clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
+from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
 from tests.e2e.conftest import start_server
 from tests.e2e.test_serving import total
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from builder.corpus import corpus_rows
-from tests.e2e.clients import PROTOCOLS, client, id_inputs, infer, text_inputs
+from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, text_inputs
 from tests.e2e.conftest import start_server
 
 TOLERANCE = 1e-4

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from python_backend.cost_models import LinearCost, linear_to_dict
+from python_backend.cost_models import LinearCost
 from python_backend.manifest import (
     Bucket,
     LongRows,
@@ -30,7 +30,7 @@ def manifest(**changes) -> Manifest:
         engine_kind="onnxruntime",
         engine_files=("model.onnx",),
         precision="fp32",
-        cost_model=linear_to_dict(LinearCost(100)),
+        cost_model=LinearCost(100),
         long_rows=LongRows(4, 280),
     )
     fields.update(changes)

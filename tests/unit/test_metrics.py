@@ -3,50 +3,7 @@
 from __future__ import annotations
 
 from python_backend.metrics import TritonMetrics
-
-
-class RecordingPbUtils:
-    """A stand-in for triton_python_backend_utils that records every metric call (unit tests only)."""
-
-    def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple] = []
-        self.warnings: list[str] = []
-        recorder = self
-
-        class Metric:
-            def __init__(self, family: str, labels: dict) -> None:
-                self.key = (family, tuple(sorted(labels.items())))
-
-            def _record(self, op: str, value) -> None:
-                if fail:
-                    raise RuntimeError("metric family deleted")
-                recorder.calls.append((op, *self.key, value))
-
-            def increment(self, value) -> None:
-                self._record("increment", value)
-
-            def set(self, value) -> None:
-                self._record("set", value)
-
-            def observe(self, value) -> None:
-                self._record("observe", value)
-
-        class MetricFamily:
-            COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-
-            def __init__(self, name: str, description: str, kind: str) -> None:
-                self.name = name
-
-            def Metric(self, labels: dict, buckets=None) -> Metric:  # Triton's name for it
-                return Metric(self.name, labels)
-
-        class Logger:
-            @staticmethod
-            def log_warn(message: str) -> None:
-                recorder.warnings.append(message)
-
-        self.MetricFamily = MetricFamily
-        self.Logger = Logger
+from testkit.recording_pb_utils import RecordingPbUtils
 
 
 def test_updates_wait_for_a_flush_and_are_sent_aggregated():

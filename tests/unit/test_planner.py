@@ -14,8 +14,8 @@ from python_backend.planner import (
     plan_batches,
     plan_cost,
 )
-from tests.unit.factories import Buckets, buckets_strategy, lengths_strategy
-from tests.unit.planner_reference import reference_plan
+from testkit.factories import Buckets, buckets_strategy, lengths_strategy
+from testkit.planner_reference import reference_plan
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from python_backend.contract import ErrorKind
 from python_backend.cost_models import LinearCost
-from python_backend.scheduler import PendingRequest, Scheduler, ServeError
-from tests.unit.fake_engine import FakeChecksumEngine, expected, layout
+from python_backend.planner import PLANNERS
+from python_backend.scheduler import Answer, Policy, PolicyPlan, Request, Scheduler, ServeError
+from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 
 class Answers:
@@ -16,15 +17,35 @@ class Answers:
 
     def __init__(self) -> None:
         self.by_request: dict[int, tuple] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+
+    def wait_for(self, count: int, timeout_s: float = 5.0) -> bool:
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.by_request) >= count, timeout_s)
 
     def responder(self, key: int):
-        def respond(outputs, tokens, error):
+        def respond(outcome):
             with self.lock:
                 assert key not in self.by_request, f"request {key} answered twice"
-                self.by_request[key] = (outputs, tokens, error)
+                self.by_request[key] = as_triple(outcome)
+                self.lock.notify_all()
 
         return respond
+
+
+def as_triple(outcome) -> tuple:
+    """(outputs, tokens, error) of an outcome."""
+    if isinstance(outcome, Answer):
+        return outcome.outputs, outcome.num_tokens, None
+    assert isinstance(outcome, ServeError)
+    return None, None, outcome
+
+
+def run_now(scheduler, requests) -> None:
+    """Queues the requests and runs one step on this thread."""
+    for request in requests:
+        scheduler.submit(request)
+    scheduler.step()
 
 
 def make_rows(rng, num_rows, max_len=64):
@@ -56,10 +77,8 @@ def test_every_request_is_answered_once_with_its_own_rows():
     scheduler = scheduler_for(engine)
     answers = Answers()
     requests = [make_rows(rng, int(rng.integers(1, 6))) for _ in range(40)]
-    pending = [PendingRequest(rows, answers.responder(i)) for i, rows in enumerate(requests)]
-    for p in pending:
-        scheduler.submit(p)
-    scheduler.run_collection(scheduler._queue)
+    pending = [Request(rows, answers.responder(i)) for i, rows in enumerate(requests)]
+    run_now(scheduler, pending)
     assert len(answers.by_request) == 40
     for i, rows in enumerate(requests):
         assert_answer_matches(answers.by_request[i], rows)
@@ -72,7 +91,7 @@ def test_rows_run_at_the_planned_bucket_never_shorter_than_the_row():
     scheduler = scheduler_for(engine, overhead=0)
     answers = Answers()
     rows = [np.arange(1, n + 1) for n in (3, 17, 40, 64, 16)]
-    scheduler.run_collection([PendingRequest(rows, answers.responder(0))])
+    run_now(scheduler, [Request(rows, answers.responder(0))])
     outputs, _, error = answers.by_request[0]
     assert error is None
     assert outputs[:, 2].tolist() == [16, 32, 64, 64, 16]
@@ -87,7 +106,7 @@ def test_a_forward_that_runs_out_of_memory_is_split_with_long_rows_apart():
     scheduler = scheduler_for(engine, overhead=1000)  # a large overhead merges all 8 rows at 64
     answers = Answers()
     rows = [np.arange(1, 61)] + [np.arange(1, 9) for _ in range(7)]
-    scheduler.run_collection([PendingRequest(rows, answers.responder(0))])
+    run_now(scheduler, [Request(rows, answers.responder(0))])
     assert_answer_matches(answers.by_request[0], rows)
     assert engine.calls[0] == (8, 64)  # the planned group, which failed
     later = engine.calls[1:]
@@ -108,13 +127,13 @@ def test_a_row_that_fails_even_alone_fails_only_its_own_request():
     rng = np.random.default_rng(1)
     good = [make_rows(rng, 3, max_len=15) for _ in range(5)]
     bad = [np.array([5, poison, 7])]
-    pending = [PendingRequest(r, answers.responder(i)) for i, r in enumerate(good)]
-    pending.append(PendingRequest(bad, answers.responder(99)))
-    scheduler.run_collection(pending)
+    pending = [Request(r, answers.responder(i)) for i, r in enumerate(good)]
+    pending.append(Request(bad, answers.responder(99)))
+    run_now(scheduler, pending)
     for i, rows in enumerate(good):
         assert_answer_matches(answers.by_request[i], rows)
     _, _, error = answers.by_request[99]
-    assert isinstance(error, ServeError) and error.kind == "failed"
+    assert isinstance(error, ServeError) and error.kind is ErrorKind.FAILED
     assert "row 0 (3 tokens) failed even alone" in str(error) and "engine fault" in str(error)
 
 
@@ -122,10 +141,14 @@ def test_a_full_queue_refuses_at_once_and_says_so():
     engine = FakeChecksumEngine(layout())
     scheduler = scheduler_for(engine, max_queue_rows=5)
     answers = Answers()
-    scheduler.submit(PendingRequest([np.arange(1, 4)] * 4, answers.responder(0)))
-    scheduler.submit(PendingRequest([np.arange(1, 4)] * 2, answers.responder(1)))
+    scheduler.submit(Request([np.arange(1, 4)] * 4, answers.responder(0)))
+    scheduler.submit(Request([np.arange(1, 4)] * 2, answers.responder(1)))
     _, _, error = answers.by_request[1]
-    assert error.kind == "queue_full" and "queue full" in str(error) and "limit is 5" in str(error)
+    assert (
+        error.kind is ErrorKind.QUEUE_FULL
+        and "queue full" in str(error)
+        and "limit is 5" in str(error)
+    )
     assert 0 not in answers.by_request  # the first is queued, not refused
 
 
@@ -134,12 +157,12 @@ def test_expired_and_cancelled_requests_are_answered_without_compute():
     engine = FakeChecksumEngine(layout())
     scheduler = scheduler_for(engine, clock=lambda: now[0])
     answers = Answers()
-    expired = PendingRequest([np.arange(1, 4)], answers.responder(0), deadline=99.0)
-    cancelled = PendingRequest([np.arange(1, 4)], answers.responder(1), is_cancelled=lambda: True)
-    fine = PendingRequest([np.arange(1, 4)], answers.responder(2), deadline=101.0)
-    scheduler.run_collection([expired, cancelled, fine])
-    assert answers.by_request[0][2].kind == "timeout"
-    assert answers.by_request[1][2].kind == "cancelled"
+    expired = Request([np.arange(1, 4)], answers.responder(0), deadline=99.0)
+    cancelled = Request([np.arange(1, 4)], answers.responder(1), is_cancelled=lambda: True)
+    fine = Request([np.arange(1, 4)], answers.responder(2), deadline=101.0)
+    run_now(scheduler, [expired, cancelled, fine])
+    assert answers.by_request[0][2].kind is ErrorKind.TIMEOUT
+    assert answers.by_request[1][2].kind is ErrorKind.CANCELLED
     assert answers.by_request[2][2] is None
     assert engine.calls == [(1, 16)]
 
@@ -149,15 +172,13 @@ def test_oldest_requests_run_first():
     scheduler = scheduler_for(engine, overhead=0)
     order = []
     pending = [
-        PendingRequest(
+        Request(
             [np.arange(1, n + 1)],
-            lambda o, t, e, key=i: order.append(key),
+            lambda outcome, key=i: order.append(key),
         )
         for i, n in enumerate((60, 5, 30, 10))
     ]
-    for p in pending:
-        scheduler.submit(p)
-    scheduler.run_collection(scheduler._queue)
+    run_now(scheduler, pending)
     assert order == [0, 1, 2, 3]
 
 
@@ -168,14 +189,12 @@ def test_requests_arriving_during_a_forward_are_collected_together_next():
     answers = Answers()
     scheduler.start()
     try:
-        scheduler.submit(PendingRequest([np.arange(1, 5)], answers.responder(0)))
-        time.sleep(0.2)  # the first forward is now waiting at the gate
+        scheduler.submit(Request([np.arange(1, 5)], answers.responder(0)))
+        assert engine.wait_for_calls(1)  # the first forward is now waiting at the gate
         for i in range(1, 7):
-            scheduler.submit(PendingRequest([np.arange(1, 5)], answers.responder(i)))
+            scheduler.submit(Request([np.arange(1, 5)], answers.responder(i)))
         gate.set()
-        deadline = time.monotonic() + 5
-        while len(answers.by_request) < 7 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        answers.wait_for(7)
     finally:
         scheduler.stop()
     assert len(answers.by_request) == 7
@@ -188,24 +207,22 @@ def test_stop_answers_everything_queued_and_refuses_new_work():
     answers = Answers()
     scheduler.start()
     for i in range(10):
-        scheduler.submit(PendingRequest([np.arange(1, 9)], answers.responder(i)))
+        scheduler.submit(Request([np.arange(1, 9)], answers.responder(i)))
     scheduler.stop()
-    scheduler.submit(PendingRequest([np.arange(1, 9)], answers.responder(10)))
+    scheduler.submit(Request([np.arange(1, 9)], answers.responder(10)))
     assert len(answers.by_request) == 11
     assert all(answers.by_request[i][2] is None for i in range(10))
-    assert answers.by_request[10][2].kind == "shutdown"
+    assert answers.by_request[10][2].kind is ErrorKind.SHUTDOWN
 
 
 @pytest.mark.parametrize("planner", ["dp", "per_bucket"])
 def test_both_planners_serve_the_same_answers(planner):
     rng = np.random.default_rng(3)
     engine = FakeChecksumEngine(layout())
-    scheduler = scheduler_for(engine, planner=planner)
+    scheduler = scheduler_for(engine, policy=planner)
     answers = Answers()
     requests = [make_rows(rng, 4) for _ in range(10)]
-    scheduler.run_collection(
-        [PendingRequest(r, answers.responder(i)) for i, r in enumerate(requests)]
-    )
+    run_now(scheduler, [Request(r, answers.responder(i)) for i, r in enumerate(requests)])
     for i, rows in enumerate(requests):
         assert_answer_matches(answers.by_request[i], rows)
 
@@ -216,21 +233,16 @@ def test_a_slow_response_does_not_hold_up_the_next_forward():
     release = threading.Event()
     threads, answered = [], []
 
-    def slow(outputs, tokens, error):
+    def slow(outcome):
         threads.append(threading.current_thread().name)
         release.wait(10)  # the client side of the first response is slow
         answered.append("slow")
 
     scheduler.start()
     try:
-        scheduler.submit(PendingRequest([np.arange(1, 5)], slow))
-        scheduler.submit(
-            PendingRequest([np.arange(1, 40)], lambda o, t, e: answered.append("next"))
-        )
-        deadline = time.monotonic() + 5
-        while len(engine.calls) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(engine.calls) == 2, "the second forward ran while the first response was sent"
+        scheduler.submit(Request([np.arange(1, 5)], slow))
+        scheduler.submit(Request([np.arange(1, 40)], lambda outcome: answered.append("next")))
+        assert engine.wait_for_calls(2), "the second forward ran while the first response was sent"
     finally:
         release.set()
         scheduler.stop()
@@ -243,10 +255,103 @@ def test_cancellation_is_asked_once_per_request_per_forward_not_per_row():
     scheduler = scheduler_for(engine, overhead=64)
     asked = []
     answers = Answers()
-    request = PendingRequest(
+    request = Request(
         [np.arange(1, 9)] * 6, answers.responder(0), is_cancelled=lambda: asked.append(1) or False
     )
-    scheduler.run_collection([request])
+    run_now(scheduler, [request])
     assert engine.calls == [(6, 16)]
     assert len(asked) == 2  # once when the collection is taken, once before its one forward
     assert_answer_matches(answers.by_request[0], request.rows)
+
+
+def test_a_step_runs_without_threads_on_an_injected_clock():
+    now = [10.0]
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, clock=lambda: now[0])
+    answers = Answers()
+    scheduler.submit(Request([np.arange(1, 4)], answers.responder(0), deadline=10.5))
+    now[0] = 11.0  # past its deadline before any step ran
+    scheduler.submit(Request([np.arange(1, 6)], answers.responder(1), deadline=12.0))
+    forwards = scheduler.step()
+    assert answers.by_request[0][2].kind is ErrorKind.TIMEOUT
+    assert [(f.padded_length, len(f.rows)) for f in forwards] == [(16, 1)]
+    assert forwards[0].oldest_arrived_at == 11.0  # ages are measured on the injected clock
+    assert_answer_matches(answers.by_request[1], [np.arange(1, 6)])
+    assert scheduler.step() == []  # nothing queued: nothing planned
+
+
+class WaitForFour(Policy):
+    """A sibling policy that waits: runs only once 4 rows are queued or the oldest has waited
+    50 ms (a bounded wait for a fuller collection, as a dynamic batcher's max queue delay)."""
+
+    def __init__(self) -> None:
+        super().__init__(PLANNERS["per_bucket"], "wait-for-four")
+
+    def plan(self, rows, now, layout, cost) -> PolicyPlan:
+        oldest = min(r.arrived_at for r in rows)
+        if len(rows) >= 4 or now - oldest >= 0.05:
+            return super().plan(rows, now, layout, cost)
+        return PolicyPlan([], waiting=list(range(len(rows))), wake_at=oldest + 0.05)
+
+
+def test_a_policy_can_wait_and_the_step_keeps_its_rows_queued_in_order():
+    now = [0.0]
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, clock=lambda: now[0], policy=WaitForFour())
+    answers = Answers()
+    for i in range(3):
+        scheduler.submit(Request([np.arange(1, 4 + i)], answers.responder(i)))
+    assert scheduler.step() == [] and not answers.by_request  # waiting for a fourth row
+    now[0] = 0.01
+    scheduler.submit(Request([np.arange(1, 9)], answers.responder(3)))
+    forwards = scheduler.step()
+    assert [len(f.rows) for f in forwards] == [4] and engine.calls == [(4, 16)]
+    for i in range(3):
+        assert_answer_matches(answers.by_request[i], [np.arange(1, 4 + i)])
+    # alone, a row waits until the oldest has waited 50 ms on the clock, then runs
+    scheduler.submit(Request([np.arange(1, 3)], answers.responder(4)))
+    now[0] = 0.03
+    assert scheduler.step() == []
+    now[0] = 0.07
+    assert [len(f.rows) for f in scheduler.step()] == [1]
+    assert_answer_matches(answers.by_request[4], [np.arange(1, 3)])
+
+
+def test_a_failed_forward_is_replanned_by_the_same_policy_under_a_smaller_budget():
+    seen = []
+
+    class Recording(Policy):
+        def regroup(self, lengths, layout, cost):
+            seen.append([layout.max_rows(t) for t in (16, 32, 64)])
+            return super().regroup(lengths, layout, cost)
+
+    def oom(ids, mask):
+        return MemoryError("out of memory") if ids.size > 128 else None
+
+    engine = FakeChecksumEngine(layout(max_rows=8), fail=oom)
+    scheduler = scheduler_for(engine, overhead=1000, policy=Recording(PLANNERS["dp"]))
+    answers = Answers()
+    rows = [np.arange(1, 30) for _ in range(8)]
+    run_now(scheduler, [Request(rows, answers.responder(0))])
+    assert_answer_matches(answers.by_request[0], rows)
+    assert seen and seen[0] == [8, 4, 2]  # 8 rows x 32 failed: budget 128 tokens a forward
+
+
+def test_stop_reports_a_forward_that_did_not_end_and_its_answer_is_still_sent():
+    gate = threading.Event()
+    engine = FakeChecksumEngine(layout(), gate=gate)
+    scheduler = scheduler_for(engine)
+    answers = Answers()
+    scheduler.start()
+    scheduler.submit(Request([np.arange(1, 5)], answers.responder(0)))
+    assert engine.wait_for_calls(1)
+    assert scheduler.stop(timeout_s=0.1) is False  # the forward is stuck at the gate
+    gate.set()  # it ends after the responder was told to stop: the answer is not dropped
+    assert answers.wait_for(1)
+    assert_answer_matches(answers.by_request[0], [np.arange(1, 5)])
+
+
+def test_stop_reports_success_when_everything_ended():
+    scheduler = scheduler_for(FakeChecksumEngine(layout()))
+    scheduler.start()
+    assert scheduler.stop(timeout_s=5) is True

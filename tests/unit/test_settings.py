@@ -2,38 +2,62 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.settings import SettingsError, settings_from_parameters
+from python_backend.settings import SettingsError, env_name, settings_from_parameters
+
+MODEL = "minilm-v2"  # a name with a character that becomes "_" in its variables
 
 
 def params(**values):
     return {k: {"string_value": v} for k, v in values.items()}
 
 
-def test_defaults_when_parameters_are_empty(monkeypatch):
-    for name in ("MAX_QUEUE_ROWS", "OVERHEAD_TOKENS", "PLANNER_OVERHEAD_TOKENS", "PLANNER"):
-        monkeypatch.delenv(name, raising=False)
-    s = settings_from_parameters(params(overhead_tokens="", max_batch=""))
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("max_queue_rows", "overhead_tokens", "planner", "truncate_default"):
+        monkeypatch.delenv(env_name(MODEL, name), raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.delenv("PLANNER_OVERHEAD_TOKENS", raising=False)
+
+
+def test_defaults_when_parameters_are_empty():
+    s = settings_from_parameters(params(overhead_tokens="", max_batch=""), MODEL)
     assert (s.truncate_default, s.max_queue_rows, s.overhead_tokens, s.max_batch) == (
         True,
         4096,
         None,
         None,
     )
-    assert s.planner == "dp"
+    assert s.planner == "dp" and s.default_timeout_ms == 0
 
 
-def test_environment_overrides_config(monkeypatch):
+def test_an_override_names_its_model(monkeypatch):
+    assert env_name(MODEL, "max_queue_rows") == "MINILM_V2__MAX_QUEUE_ROWS"
+    monkeypatch.setenv("MINILM_V2__MAX_QUEUE_ROWS", "12")
+    assert settings_from_parameters(params(max_queue_rows="99"), MODEL).max_queue_rows == 12
+    # another model of the same server keeps its own configuration
+    assert settings_from_parameters(params(max_queue_rows="99"), "other").max_queue_rows == 99
+
+
+def test_a_bare_parameter_name_in_the_environment_applies_to_no_model(monkeypatch):
     monkeypatch.setenv("MAX_QUEUE_ROWS", "12")
+    monkeypatch.setenv("PLANNER", "per_bucket")
+    s = settings_from_parameters(params(max_queue_rows="99"), MODEL)
+    assert s.max_queue_rows == 99 and s.planner == "dp"
+
+
+def test_the_planner_overhead_variable_applies_to_every_model_unless_one_names_its_own(
+    monkeypatch,
+):
     monkeypatch.setenv("PLANNER_OVERHEAD_TOKENS", "30")
-    s = settings_from_parameters(params(max_queue_rows="99"))
-    assert s.max_queue_rows == 12 and s.overhead_tokens == 30.0
+    assert settings_from_parameters(params(), MODEL).overhead_tokens == 30.0
+    monkeypatch.setenv(env_name(MODEL, "overhead_tokens"), "7")
+    assert settings_from_parameters(params(), MODEL).overhead_tokens == 7.0
 
 
 def test_a_bad_overhead_in_the_environment_is_named(monkeypatch):
-    monkeypatch.delenv("OVERHEAD_TOKENS", raising=False)
     monkeypatch.setenv("PLANNER_OVERHEAD_TOKENS", "lots")
     with pytest.raises(SettingsError, match="overhead_tokens must be a number, got 'lots'"):
-        settings_from_parameters(params())
+        settings_from_parameters(params(), MODEL)
 
 
 @pytest.mark.parametrize(
@@ -47,9 +71,13 @@ def test_a_bad_overhead_in_the_environment_is_named(monkeypatch):
         ({"planner": "greedy"}, "planner must be dp or per_bucket"),
     ],
 )
-def test_bad_settings_are_named(values, message, monkeypatch):
-    for name in values:
-        monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.delenv("PLANNER_OVERHEAD_TOKENS", raising=False)
+def test_bad_settings_are_named(values, message):
     with pytest.raises(SettingsError, match=message):
-        settings_from_parameters(params(**values))
+        settings_from_parameters(params(**values), MODEL)
+
+
+def test_fault_injection_is_not_a_setting(monkeypatch):
+    monkeypatch.setenv("FAULT_INJECTION", "oom_above_tokens=1")
+    monkeypatch.setenv(env_name(MODEL, "fault_injection"), "oom_above_tokens=1")
+    s = settings_from_parameters(params(fault_injection="oom_above_tokens=1"), MODEL)
+    assert not hasattr(s, "fault_injection")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.cli import MODEL_PY
+from builder.build import MODEL_PY
 from builder.triton_config import add_model_variant, model_config, read_config, write_config
 
 ROOT = Path(__file__).resolve().parents[2]

