@@ -20,7 +20,7 @@ from bench.serving import request_rows
 from python_backend.cost_models import cost_model_from_dict
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
-from python_backend.planner import per_bucket_groups, plan_batches, plan_cost
+from python_backend.planner import PLANNERS, plan_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,9 +46,8 @@ def main() -> None:
         differ, costs = 0, np.zeros((2, 2))
         for _ in range(args.trials):
             sample = [lengths[i] for i in rng.choice(len(lengths), size)]
-            common = (sample, layout.pad_len, layout.max_rows, manifest.max_batch)
-            dp = plan_batches(*common, cost=fit, mergeable=layout.mergeable)
-            base = per_bucket_groups(*common, mergeable=layout.mergeable)
+            dp = PLANNERS["dp"](sample, layout, fit)
+            base = PLANNERS["per_bucket"](sample, layout, fit)
             differ += sorted((t, tuple(r)) for t, r in dp) != sorted((t, tuple(r)) for t, r in base)
             for k, cost in enumerate((fit, table)):
                 costs[k] += (plan_cost(dp, cost), plan_cost(base, cost))

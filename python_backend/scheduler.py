@@ -29,7 +29,6 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import queue
 import threading
@@ -52,6 +51,7 @@ from python_backend.planner import (
 )
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
+_CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
 
 
 class ServeError(Exception):
@@ -78,7 +78,7 @@ def _never_cancelled() -> bool:
     return False
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Request:
     """What a client asked for; the scheduler never changes it."""
 
@@ -88,7 +88,7 @@ class Request:
     is_cancelled: Callable[[], bool] = _never_cancelled  # asked before it costs anything
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Admitted:
     """The scheduler's record of one queued request: its progress, which only the step changes."""
 
@@ -98,26 +98,28 @@ class Admitted:
     outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
     remaining: int = 0  # rows still to compute
     done: bool = False  # answered (either way)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.request.rows)
 
     def claim(self) -> bool:
-        """Marks the request answered; False if it already was (the one answer is sent once)."""
-        with self._lock:
+        """Marks the request answered; False if it already was (the one answer is sent once).
+        One lock for every request: claims are rare and short, and a lock per request would cost
+        more to make than all its claims to take."""
+        with _CLAIM_LOCK:
             if self.done:
                 return False
             self.done = True
             return True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RowRef:
     """One row of one admitted request."""
 
     owner: Admitted
     index: int  # the row's index within its request
+    num_tokens: int  # its length: len(ids)
 
     @property
     def ids(self) -> np.ndarray:
@@ -125,14 +127,17 @@ class RowRef:
 
 
 @dataclass(frozen=True)
-class QueuedRow:
-    """What a policy sees of a row: no tensors, no request objects."""
+class QueuedRows:
+    """What a policy sees of the rows it plans, column by column: no tensors, no requests."""
 
-    num_tokens: int
-    arrived_at: float  # clock time its request arrived
+    num_tokens: list[int]  # row i's length in tokens
+    arrived_at: list[float]  # clock time row i's request arrived
+
+    def __len__(self) -> int:
+        return len(self.num_tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Forward:
     """One planned forward: plain data."""
 
@@ -162,10 +167,8 @@ class Policy:
         self.planner = planner
         self.name = name or getattr(planner, "__name__", "policy")
 
-    def plan(
-        self, rows: Sequence[QueuedRow], now: float, layout: PlanLayout, cost: CostModel
-    ) -> PolicyPlan:
-        return PolicyPlan(self.planner([r.num_tokens for r in rows], layout, cost))
+    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
+        return PolicyPlan(self.planner(rows.num_tokens, layout, cost))
 
     def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
         """Rows of a failed forward, grouped again under a smaller layout: the same planner."""
@@ -312,12 +315,14 @@ class Scheduler:
     def plan(self, live: list[Admitted], now: float) -> list[Forward]:
         """The policy's forwards for these requests, oldest first; rows it leaves waiting are
         queued again, ahead of anything that arrived meanwhile."""
-        rows = [RowRef(owner, i) for owner in live for i in range(len(owner.request.rows))]
+        rows = [
+            RowRef(owner, i, len(ids)) for owner in live for i, ids in enumerate(owner.request.rows)
+        ]
         if not rows:
             return []
-        seen = [QueuedRow(len(row.ids), row.owner.arrived_at) for row in rows]
+        seen = QueuedRows([r.num_tokens for r in rows], [r.owner.arrived_at for r in rows])
         decision = self.policy.plan(seen, now, self.layout, self.cost)
-        self._report_plan([r.num_tokens for r in seen], decision.groups)
+        self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
             self._requeue(rows, decision.waiting, decision.wake_at)
         return sorted(
@@ -336,7 +341,7 @@ class Scheduler:
         except Exception as err:
             self._split_and_retry(forward, err)
             return
-        real_tokens = sum(len(row.ids) for row in forward.rows)
+        real_tokens = sum(row.num_tokens for row in forward.rows)
         self.metrics.forward(
             forward.padded_length, len(forward.rows), real_tokens, time.perf_counter() - started
         )
@@ -350,16 +355,17 @@ class Scheduler:
 
     def complete(self, forward: Forward, outputs: np.ndarray) -> None:
         """Scatters a forward's outputs to their requests; answers each one now complete."""
+        width = outputs.shape[1]
         for row, values in zip(forward.rows, outputs, strict=True):
             owner = row.owner
             if owner.done:
                 continue
             if owner.outputs is None:
-                owner.outputs = np.empty((len(owner.request.rows), outputs.shape[1]), np.float32)
+                owner.outputs = np.empty((len(owner.request.rows), width), np.float32)
             owner.outputs[row.index] = values
             owner.remaining -= 1
             if owner.remaining == 0:
-                tokens = np.array([len(r) for r in owner.request.rows], dtype=np.int32)
+                tokens = np.fromiter(map(len, owner.request.rows), np.int32)
                 self._finish(owner, Answer(owner.outputs, tokens))
 
     # -- the serving thread: a loop around step -------------------------------------------------
@@ -452,9 +458,10 @@ class Scheduler:
 
     @staticmethod
     def _send(owner: Admitted, outcome: Outcome) -> None:
-        # a send that fails means the client's connection is gone: nothing left to tell it
-        with contextlib.suppress(Exception):
+        try:
             owner.request.respond(outcome)
+        except Exception:  # the client's connection is gone: nothing left to tell it
+            return
 
     # -- helpers of the step ---------------------------------------------------------------------
 
@@ -496,7 +503,8 @@ class Scheduler:
 
     @staticmethod
     def _forward(padded_length: int, rows: list[RowRef]) -> Forward:
-        oldest = min(rows, key=lambda r: r.owner.arrival).owner
+        """A forward of rows in arrival order (as planners return them): the first is the oldest."""
+        oldest = rows[0].owner
         return Forward(padded_length, tuple(rows), oldest.arrival, oldest.arrived_at)
 
     def _report_plan(self, lengths: list[int], groups: list[Group]) -> None:
@@ -522,7 +530,7 @@ class Scheduler:
                 row.owner,
                 ServeError(
                     ErrorKind.FAILED,
-                    f"row {row.index} ({len(row.ids)} tokens) failed even alone: "
+                    f"row {row.index} ({row.num_tokens} tokens) failed even alone: "
                     f"{type(err).__name__}: {err}",
                 ),
             )
@@ -530,7 +538,7 @@ class Scheduler:
         self.metrics.split(forward.padded_length, len(forward.rows))
         # a budget strictly below what failed: long rows split off, short ones stay together
         budget = max(1, (len(forward.rows) * forward.padded_length) // 2)
-        lengths = [len(row.ids) for row in forward.rows]
+        lengths = [row.num_tokens for row in forward.rows]
         parts = self.policy.regroup(lengths, _BudgetLayout(self.layout, budget), self.cost)
         if len(parts) == 1:  # cannot happen (the budget shrank), but never loop on it
             parts = [(forward.padded_length, [i]) for i in range(len(forward.rows))]

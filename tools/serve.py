@@ -39,19 +39,21 @@ STUB_BINARY = "triton_python_backend_stub"
 
 
 def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else default
-    except ValueError:
-        sys.exit(f"{name}={value!r} is not an integer")
+    return int(env_number(name, default, int))
 
 
 def env_float(name: str, default: float) -> float:
+    return env_number(name, default, float)
+
+
+def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
+    """The variable's value, its default when unset or empty; a bad value ends the launcher
+    with the variable named."""
     value = os.environ.get(name, "")
     try:
-        return float(value) if value else default
+        return kind(value) if value else default
     except ValueError:
-        sys.exit(f"{name}={value!r} is not a number")
+        sys.exit(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}")
 
 
 def restricted_api_args(admin_key: str) -> list[str]:

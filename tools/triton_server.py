@@ -87,6 +87,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def answers_ok(url: str, timeout_s: float = 1.0) -> bool:
+    """True if a GET of ``url`` answers 200 in time (a readiness probe)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def server_env(code_root: Path = ROOT) -> dict[str, str]:
     """The server's environment; ``code_root`` is where its models import python_backend from."""
     env = dict(os.environ)
@@ -186,12 +195,7 @@ class TritonServer:
         return self
 
     def ready(self) -> bool:
-        try:
-            url = f"http://{self.loopback}:{self.http_port}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://{self.loopback}:{self.http_port}/v2/health/ready")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.triton_server import ROOT, free_port
+from tools.triton_server import ROOT, answers_ok, free_port
 
 API_KEY = "test-key-0123456789abcdef"
 
@@ -107,12 +106,7 @@ class Stack:
 
     def ready(self) -> bool:
         """The public readiness route, as a load balancer's probe sees it."""
-        try:
-            url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout_s=2)
 
     def triton_pid(self) -> int:
         out = subprocess.run(

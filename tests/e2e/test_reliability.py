@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from builder.corpus import corpus_rows
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
 from tests.e2e.conftest import start_server
+from tests.e2e.scenarios import busy, cancel_while_busy, long_texts
 from tests.e2e.test_serving import total
 
 TOLERANCE = 1e-4
@@ -30,22 +31,6 @@ STATUS = {
 
 def status_is(err, kind: str) -> bool:
     return str(err.status()) in STATUS[kind]
-
-
-def long_texts(n: int) -> list[str]:
-    return ["a long paragraph of words " * 60] * n
-
-
-def busy(server, rows: int = 64) -> threading.Thread:
-    """Keeps the model busy with one large request (about a second of CPU) in the background."""
-    thread = threading.Thread(
-        target=lambda: infer(
-            client(server, "http"), "minilm", text_inputs("http", long_texts(rows))
-        )
-    )
-    thread.start()
-    time.sleep(0.15)  # let it reach the engine
-    return thread
 
 
 def raw_inputs(protocol: str, name: str, array: np.ndarray, datatype: str):
@@ -201,26 +186,8 @@ def test_a_request_past_its_deadline_gets_a_timeout_error_not_a_late_answer(serv
 
 
 def test_a_cancelled_request_is_dropped_before_compute(server):
-    before = total(server, "planner_refused_total", reason="cancelled")
-    rows_before = total(server, "planner_rows_total")
-    load = busy(server)
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    done = threading.Event()
-    future = c.async_infer(
-        "minilm", text_inputs("grpc", ["never computed"] * 3), callback=lambda *_: done.set()
-    )
-    time.sleep(0.05)
-    future.cancel()
-    load.join()
-    deadline = time.monotonic() + 10
-    while (
-        time.monotonic() < deadline
-        and total(server, "planner_refused_total", settle=False, reason="cancelled") == before
-    ):
-        time.sleep(0.1)
-    assert total(server, "planner_refused_total", reason="cancelled") == before + 1
-    # only the load's 64 rows were computed, not the cancelled request's 3
-    assert total(server, "planner_rows_total") - rows_before == 64
+    # 1 cancellation counted; only the load's 64 rows computed, not the cancelled request's 3
+    assert cancel_while_busy(server) == (1, 64)
 
 
 def test_forwards_that_run_out_of_memory_are_split_and_every_row_is_answered(

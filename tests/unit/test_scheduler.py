@@ -288,7 +288,7 @@ class WaitForFour(Policy):
         super().__init__(PLANNERS["per_bucket"], "wait-for-four")
 
     def plan(self, rows, now, layout, cost) -> PolicyPlan:
-        oldest = min(r.arrived_at for r in rows)
+        oldest = min(rows.arrived_at)
         if len(rows) >= 4 or now - oldest >= 0.05:
             return super().plan(rows, now, layout, cost)
         return PolicyPlan([], waiting=list(range(len(rows))), wake_at=oldest + 0.05)
