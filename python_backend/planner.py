@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -447,3 +447,17 @@ def plan_per_bucket(lengths: Sequence[int], layout: PlanLayout, cost: CostModel)
 
 
 PLANNERS: dict[str, Planner] = {"dp": plan_dp, "per_bucket": plan_per_bucket}
+
+
+def per_bucket_cost(lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> float:
+    """What grouping by bucket alone would cost, from counts alone (no groups are built): the
+    baseline a plan's gain is reported against. Equals ``plan_cost`` of ``plan_per_bucket``."""
+    counts = Counter(layout.pad_len(n) for n in lengths)
+    total = 0.0
+    for padded_length, num_rows in counts.items():
+        cap = _cap(padded_length, layout.max_rows, layout.max_batch)
+        full, rest = divmod(num_rows, cap)
+        total += full * cost.cost(cap, padded_length)
+        if rest:
+            total += cost.cost(rest, padded_length)
+    return total

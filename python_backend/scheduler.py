@@ -46,8 +46,8 @@ from python_backend.planner import (
     Group,
     PlanLayout,
     Planner,
+    per_bucket_cost,
     plan_cost,
-    plan_per_bucket,
 )
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
@@ -509,8 +509,8 @@ class Scheduler:
 
     def _report_plan(self, lengths: list[int], groups: list[Group]) -> None:
         """The plan's cost beside per-bucket grouping's (a metric of what planning gains)."""
-        baseline = plan_per_bucket(lengths, self.layout, self.cost)
-        self.metrics.plan(plan_cost(groups, self.cost), plan_cost(baseline, self.cost))
+        baseline = per_bucket_cost(lengths, self.layout, self.cost)
+        self.metrics.plan(plan_cost(groups, self.cost), baseline)
 
     def _requeue(self, rows: list[RowRef], waiting: list[int], wake_at: float | None) -> None:
         owners: dict[int, Admitted] = {}

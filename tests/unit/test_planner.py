@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from python_backend.cost_models import LinearCost, MeasuredCost
 from python_backend.planner import (
+    PLANNERS,
     padding_efficiency,
+    per_bucket_cost,
     per_bucket_groups,
     plan_batches,
     plan_cost,
@@ -101,6 +103,38 @@ def test_plan_is_never_costlier_than_per_bucket_grouping(b, lengths, max_batch, 
     baseline = per_bucket_groups(lengths, **args)
     assert_valid_plan(lengths, baseline, b, max_batch)
     assert planned <= plan_cost(baseline, cost) * (1 + 1e-12)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A ``PlanLayout`` over the test buckets: the one-object form the registry's planners take."""
+
+    b: Buckets
+    max_batch: int
+
+    def pad_len(self, n: int) -> int:
+        return self.b.pad_len(n)
+
+    def max_rows(self, padded_length: int) -> int:
+        return self.b.max_rows(padded_length)
+
+    def mergeable(self, n: int) -> bool:
+        return self.b.mergeable(n)
+
+
+@given(buckets_strategy(), lengths_strategy(), st.integers(1, 64), cost_strategy)
+def test_the_registry_planners_are_the_public_functions_over_one_layout(
+    b, lengths, max_batch, cost
+):
+    layout, args = Layout(b, max_batch), plan_inputs(b, max_batch)
+    assert PLANNERS["dp"](lengths, layout, cost) == plan_batches(lengths, cost=cost, **args)
+    assert PLANNERS["per_bucket"](lengths, layout, cost) == per_bucket_groups(lengths, **args)
+
+
+@given(buckets_strategy(), lengths_strategy(), st.integers(1, 64), cost_strategy)
+def test_the_per_bucket_cost_from_counts_equals_the_cost_of_its_groups(b, lengths, max_batch, cost):
+    grouped = plan_cost(per_bucket_groups(lengths, cost=cost, **plan_inputs(b, max_batch)), cost)
+    assert math.isclose(per_bucket_cost(lengths, Layout(b, max_batch), cost), grouped, rel_tol=1e-9)
 
 
 @given(buckets_strategy(), lengths_strategy(), st.integers(1, 64))
