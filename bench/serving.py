@@ -253,6 +253,32 @@ def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: 
     return "\n".join(lines)
 
 
+def emulated_runs(
+    repository: Path, table: str, tmp: Path, ms: int, levels: list[int]
+) -> list[tuple[int, dict, bool]]:
+    """planner_dp's queue and planner over an emulated engine (bench/emulated_engine.py) whose
+    forwards take ``table``'s time ("zero": none): the server's own ceiling at GPU speed."""
+    from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
+
+    add_model_variant(repository, "planner_dp", "planner_emulated", model_py=EMULATED_MODEL_PY)
+    (repository / "planner_emulated" / "1" / TABLE_FILE).write_text(table + "\n")
+    server = TritonServer(
+        repository, free_port(), free_port(), free_port(), log_path=tmp / "triton-emulated.log"
+    )
+    out = []
+    with server:
+        warm_up(server, tmp, ("planner_emulated",), max(levels))
+        for c in levels:
+            row, stable = measure("planner_emulated", server.grpc_url, c, tmp, ms)
+            out.append((c, row, stable))
+            print(
+                f"c={c:>3} emulated {table:<10} {row['Inferences/Second']:8.1f} rows/s  "
+                f"p50 {row['p50 latency'] / 1e3:7.2f}  p99 {row['p99 latency'] / 1e3:7.2f} ms",
+                flush=True,
+            )
+    return out
+
+
 def code_comparison(
     repository: Path, baseline_root: Path, tmp: Path, ms: int, levels: list[int], rounds: int = 3
 ) -> list[tuple[int, str, dict, bool]]:
@@ -342,6 +368,12 @@ def main() -> int:
         "--rounds", type=int, default=3, help="rounds of the side-by-side comparisons"
     )
     parser.add_argument(
+        "--emulated",
+        default=None,
+        help="only this: planner_dp over an emulated engine whose forwards take this table's "
+        "time (zero, or table:a30 ...): the server's own ceiling at GPU speed",
+    )
+    parser.add_argument(
         "--front-door-only",
         action="store_true",
         help="only the front door's cost: direct against through the front door at c=64",
@@ -364,6 +396,15 @@ def main() -> int:
         server = TritonServer(
             repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
         )
+        if args.emulated is not None:
+            for c, row, _ in emulated_runs(
+                repository, args.emulated, Path(tmp), args.measurement_ms, levels
+            ):
+                print(
+                    f"| {c} | {args.emulated} | {row['Inferences/Second']:.1f} | "
+                    f"{1e6 / row['Inferences/Second']:.0f} us |"
+                )
+            return 0
         if args.baseline_tree is not None:
             code_runs = code_comparison(
                 repository, args.baseline_tree, Path(tmp), args.measurement_ms, levels, args.rounds

@@ -279,6 +279,18 @@ class Scheduler:
         self.metrics.refused(error.kind.value)
         self._finish(Admitted(request, -1, self.clock()), error)
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a step."""
+        with self._cond:
+            return self._queued_rows
+
+    @property
+    def wake_at(self) -> float | None:
+        """When a waiting policy wants the next step if nothing arrives (None: at once)."""
+        with self._cond:
+            return self._wake_at
+
     # -- the step -------------------------------------------------------------------------------
 
     def take(self) -> list[Admitted]:

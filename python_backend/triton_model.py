@@ -47,7 +47,7 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.settings = settings_from_parameters(config.get("parameters", {}), self.model_name)
         manifest = load_manifest(version_dir)
-        engine = open_engine(manifest, version_dir)
+        engine = self.open_engine(manifest, version_dir)
         fault_spec = load_fault_spec(version_dir)  # test repositories only
         if fault_spec:
             engine = FaultInjectingEngine(engine, fault_spec)
@@ -76,6 +76,10 @@ class TritonPythonModel:
             f"{self.model_name}: {manifest.engine_kind} engine, buckets "
             f"{[b.length for b in manifest.buckets]}, planner {self.settings.planner}, cost {cost}"
         )
+
+    def open_engine(self, manifest: Any, version_dir: Path) -> Any:
+        """The model's engine; bench repositories override it with an emulated one."""
+        return open_engine(manifest, version_dir)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:

@@ -1,0 +1,738 @@
+"""A discrete-event simulation of the server in virtual time, driving the project's own scheduler.
+
+    python -m bench.simulate --lengths bench/data/request_lengths.txt --cost table:a30 \\
+        --policy dp --concurrency 64 --seconds 60
+
+What runs is ``python_backend.scheduler.Scheduler`` itself, step by step on a virtual clock,
+with an engine that computes nothing: each forward takes the time a cost table gives for its
+(rows, padded length), and the clock moves by that much. Requests of one row each, their lengths
+replayed from real text, arrive from closed-loop clients (``--concurrency``: each sends its next
+request when its previous one is answered) or open-loop (``--rate``, Poisson; ``--bursty``: the
+same mean rate, in bursts).
+
+The server around the engine costs time too: ``--server-us-per-row`` (decoding, tokenizing,
+answering, one row's share of a step) is added to each forward, serially, as it is on a machine
+whose engine already takes every core. With the CPU table of a built model it is measured, not
+guessed (see docs/PERFORMANCE.md); for a GPU table, where the engine runs beside the CPU, the
+same value is a lower bound on what the server adds.
+
+Policies (the peers' batchers run as policies inside this project's loop: an approximation of
+those servers, which differ in everything else):
+- ``dp``: the exact DP planner over the length buckets (the project);
+- ``per_bucket``: rows grouped by bucket alone;
+- ``dynamic_batcher``: Triton's dynamic batcher: waits up to a max queue delay for a preferred
+  batch size, runs the rows in arrival order, each batch padded to its longest row;
+- ``token_budget``: a FIFO batcher under a token budget (rows x longest row), as TEI does;
+- ``sorted_window``: up to a batch size of rows, sorted by length, each batch padded to its
+  longest, as Infinity does.
+
+The last line printed ends with the simulated rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from python_backend.cost_models import CostModel, LinearCost, MeasuredCost, cost_model_from_dict
+from python_backend.engines.base import BucketLayout
+from python_backend.manifest import Bucket, load_manifest
+from python_backend.planner import PLANNERS, Group, PlanLayout
+from python_backend.scheduler import Answer, Policy, PolicyPlan, QueuedRows, Request, Scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
+LENGTHS = ROOT / "bench" / "data" / "request_lengths.txt"
+
+# -- cost tables --------------------------------------------------------------------------------
+
+# NVIDIA's published TensorRT BERT-base FP16 latencies (demo/BERT/README.md in NVIDIA/TensorRT,
+# "Inference performance", average ms; the times leave out host-device copies), by GPU:
+# {sequence length: {batch size: ms}}
+PUBLISHED_BERT_BASE_FP16_MS: dict[str, dict[int, dict[int, float]]] = {
+    "a100": {
+        128: {1: 0.67, 2: 0.83, 4: 1.02, 8: 1.38, 12: 1.87, 16: 2.18, 24: 3.34, 32: 4.10,
+              64: 8.05, 128: 16.14},
+        384: {1: 1.31, 2: 1.64, 4: 2.31, 8: 3.62, 12: 5.03, 16: 6.72, 24: 9.79, 32: 13.51,
+              64: 26.11, 128: 51.26},
+    },
+    "a30": {
+        128: {1: 0.89, 2: 1.13, 4: 1.54, 8: 2.50, 12: 3.55, 16: 4.44, 24: 6.86, 32: 8.63,
+              64: 17.17, 128: 33.58},
+        384: {1: 1.70, 2: 2.36, 4: 3.87, 8: 7.53, 12: 10.58, 16: 14.48, 24: 21.17, 32: 28.00,
+              64: 54.32, 128: 107.15},
+    },
+}  # fmt: skip
+
+# BERT-base (12 layers, hidden 768, 12 heads) to the served MiniLM-L6 (6 layers, hidden 384, 12
+# heads): the per-token work of projections and feed-forward scales with layers x hidden^2, the
+# attention work with layers x hidden (times T), the fixed cost of a forward (kernel launches)
+# with layers only. The fixed cost is never scaled by length or width.
+SCALE_TO_MINILM = {
+    "fixed": 6 / 12,
+    "per_token": (6 / 12) * (384 / 768) ** 2,
+    "attention": (6 / 12) * (384 / 768),
+}
+
+
+@dataclass(frozen=True)
+class GpuRule:
+    """t(B, T) = fixed + B*T*per_token + B*T^2*attention, in milliseconds."""
+
+    fixed_ms: float
+    per_token_ms: float
+    attention_ms: float
+
+    def ms(self, num_rows: int, padded_length: int) -> float:
+        bt = num_rows * padded_length
+        return self.fixed_ms + bt * self.per_token_ms + bt * padded_length * self.attention_ms
+
+
+def fit_gpu_rule(table: dict[int, dict[int, float]]) -> tuple[GpuRule, float]:
+    """Least squares on relative error over every published point; returns the rule and its
+    worst relative error on those points."""
+    rows, targets = [], []
+    for length, by_batch in table.items():
+        for batch, ms in by_batch.items():
+            rows.append([1.0, batch * length, batch * length * length])
+            targets.append(ms)
+    a, y = np.asarray(rows), np.asarray(targets)
+    weights = 1.0 / y
+    params, *_ = np.linalg.lstsq(a * weights[:, None], y * weights, rcond=None)
+    params = np.maximum(params, 0.0)
+    rule = GpuRule(*map(float, params))
+    worst = float(np.max(np.abs(a @ params - y) / y))
+    return rule, worst
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Seconds of one forward of B rows at padded length T, and where the figures come from."""
+
+    name: str
+    source: str
+    seconds: Callable[[int, int], float]
+    fixed_tokens: float  # one forward's fixed cost, in tokens of this table: what the DP trades
+
+
+def gpu_table(name: str) -> CostTable:
+    if name not in PUBLISHED_BERT_BASE_FP16_MS:
+        raise SystemExit(f"no GPU table {name!r}; known: {', '.join(PUBLISHED_BERT_BASE_FP16_MS)}")
+    bert, worst = fit_gpu_rule(PUBLISHED_BERT_BASE_FP16_MS[name])
+    rule = GpuRule(
+        bert.fixed_ms * SCALE_TO_MINILM["fixed"],
+        bert.per_token_ms * SCALE_TO_MINILM["per_token"],
+        bert.attention_ms * SCALE_TO_MINILM["attention"],
+    )
+    per_token_at_64 = rule.per_token_ms + 64 * rule.attention_ms
+    return CostTable(
+        name=f"table:{name}",
+        source=(
+            f"{name.upper()} BERT-base FP16, NVIDIA TensorRT demo/BERT README (fit worst error "
+            f"{worst:.0%}), scaled to MiniLM-L6: fixed {rule.fixed_ms:.3f} ms, "
+            f"{rule.per_token_ms * 1e3:.3f} us/token, {rule.attention_ms * 1e6:.3f} ns/token^2"
+        ),
+        seconds=lambda b, t: rule.ms(b, t) / 1e3,
+        fixed_tokens=rule.fixed_ms / per_token_at_64,
+    )
+
+
+def manifest_table(version_dir: Path) -> CostTable:
+    """The forward times a built model's calibration measured (``calibration.table``)."""
+    manifest = load_manifest(version_dir)
+    raw = manifest.calibration.get("table")
+    if not raw:
+        raise SystemExit(f"{version_dir}: the model was built without calibration")
+    table = cost_model_from_dict(raw)
+    assert isinstance(table, MeasuredCost)
+    fit = manifest.calibration.get("fit", {})
+    return CostTable(
+        name=f"manifest:{version_dir}",
+        source=f"the calibration of {version_dir} (measured on this machine)",
+        seconds=lambda b, t: table.time_us(b, t) / 1e6,
+        fixed_tokens=float(fit.get("overhead_tokens", 0.0)),
+    )
+
+
+def cost_table(spec: str) -> CostTable:
+    kind, _, value = spec.partition(":")
+    if kind == "table":
+        return gpu_table(value)
+    if kind == "manifest":
+        path = Path(value)
+        return manifest_table(path / "1" if (path / "1").is_dir() else path)
+    raise SystemExit(f"--cost takes manifest:DIR or table:NAME, got {spec!r}")
+
+
+# -- the peers' batchers, as policies in this project's loop ------------------------------------
+
+
+def padded_to_longest(lengths: Sequence[int], members: list[int]) -> Group:
+    return max(lengths[i] for i in members), members
+
+
+class DynamicBatcher(Policy):
+    """Triton's dynamic batcher: a batch leaves when it reaches the preferred size or its oldest
+    row has waited ``max_delay_s``; rows in arrival order, padded to the batch's longest."""
+
+    def __init__(self, max_batch: int = 64, max_delay_s: float = 0.002) -> None:
+        super().__init__(PLANNERS["per_bucket"], "dynamic_batcher")
+        self.max_batch, self.max_delay_s = max_batch, max_delay_s
+
+    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
+        due = min(rows.arrived_at) + self.max_delay_s
+        if len(rows) < self.max_batch and now < due:
+            return PolicyPlan([], list(range(len(rows))), due)
+        order = list(range(len(rows)))
+        groups = [
+            padded_to_longest(rows.num_tokens, order[a : a + self.max_batch])
+            for a in range(0, len(order), self.max_batch)
+        ]
+        return PolicyPlan(groups)
+
+    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
+
+
+class TokenBudget(Policy):
+    """FIFO batches under a token budget counted as rows x longest row (TEI's max_batch_tokens)."""
+
+    def __init__(self, max_tokens: int = 16384, max_batch: int = 64) -> None:
+        super().__init__(PLANNERS["per_bucket"], "token_budget")
+        self.max_tokens, self.max_batch = max_tokens, max_batch
+
+    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
+        groups: list[Group] = []
+        members: list[int] = []
+        longest = 0
+        for i, n in enumerate(rows.num_tokens):
+            grown = max(longest, n)
+            if members and (
+                grown * (len(members) + 1) > self.max_tokens or len(members) >= self.max_batch
+            ):
+                groups.append(padded_to_longest(rows.num_tokens, members))
+                members, grown = [], n
+            members.append(i)
+            longest = grown
+        if members:
+            groups.append(padded_to_longest(rows.num_tokens, members))
+        return PolicyPlan(groups)
+
+    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
+
+
+class SortedWindow(Policy):
+    """Up to ``batch_size`` rows at a time, sorted by length, each batch padded to its longest
+    (Infinity's batch handler)."""
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__(PLANNERS["per_bucket"], "sorted_window")
+        self.batch_size = batch_size
+
+    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
+        order = sorted(range(len(rows)), key=lambda i: rows.num_tokens[i])
+        groups = [
+            padded_to_longest(rows.num_tokens, sorted(order[a : a + self.batch_size]))
+            for a in range(0, len(order), self.batch_size)
+        ]
+        return PolicyPlan(groups)
+
+    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
+
+
+class BoundedWait(Policy):
+    """The DP planner, but while fewer than ``min_rows`` rows are queued it waits, at most
+    ``max_wait_s`` past the oldest row's arrival, for a fuller collection."""
+
+    def __init__(self, max_wait_s: float, min_rows: int = 32) -> None:
+        super().__init__(PLANNERS["dp"], f"dp_wait:{max_wait_s * 1e3:g}")
+        self.max_wait_s, self.min_rows = max_wait_s, min_rows
+
+    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
+        due = min(rows.arrived_at) + self.max_wait_s
+        if len(rows) < self.min_rows and now < due:
+            return PolicyPlan([], list(range(len(rows))), due)
+        return super().plan(rows, now, layout, cost)
+
+
+def make_policy(name: str) -> Policy:
+    peers: dict[str, Callable[[], Policy]] = {
+        "dynamic_batcher": DynamicBatcher,
+        "token_budget": TokenBudget,
+        "sorted_window": SortedWindow,
+    }
+    if name in PLANNERS:
+        return Policy(PLANNERS[name], name)
+    if name.startswith("dp_wait:"):
+        return BoundedWait(float(name.partition(":")[2]) / 1e3)
+    if name in peers:
+        return peers[name]()
+    raise SystemExit(f"no policy {name!r}; known: {', '.join([*PLANNERS, *peers])}")
+
+
+POLICIES = ("dp", "per_bucket", "dynamic_batcher", "token_budget", "sorted_window")
+
+# -- the simulation -----------------------------------------------------------------------------
+
+
+@dataclass
+class VirtualClock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedEngine:
+    """Computes nothing: a forward moves the virtual clock by the table's time for its shape,
+    plus the server's own time per row. Outputs are NaN: never real."""
+
+    output_name, output_dim = "EMBEDDING", 1
+
+    def __init__(
+        self, layout: BucketLayout, table: CostTable, clock: VirtualClock, server_s_per_row: float
+    ) -> None:
+        self.layout, self.table, self.clock = layout, table, clock
+        self.server_s_per_row = server_s_per_row
+        self.forwards: list[tuple[int, int, int]] = []  # (rows, padded length, real tokens)
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        rows, length = input_ids.shape
+        self.clock.now += self.table.seconds(rows, length) + rows * self.server_s_per_row
+        self.forwards.append((rows, length, int(attention_mask.sum())))
+        return np.full((rows, 1), np.nan, dtype=np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Result:
+    policy: str
+    seconds: float  # virtual time measured (after the warm-up)
+    latencies_s: list[float] = field(default_factory=list)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    forwards: int = 0
+
+    @property
+    def rows_per_s(self) -> float:
+        return len(self.latencies_s) / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q) * 1e3) if self.latencies_s else math.nan
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "rows_per_s": self.rows_per_s,
+            "tokens_per_s": self.real_tokens / self.seconds,
+            "p50_ms": self.percentile_ms(50),
+            "p99_ms": self.percentile_ms(99),
+            "padding_efficiency": self.real_tokens / max(1, self.padded_tokens),
+            "forwards_per_s": self.forwards / self.seconds,
+        }
+
+
+def linear_table(fixed_s: float, per_token_s: float, name: str) -> CostTable:
+    """A synthetic table: a fixed cost per forward plus a cost per padded token."""
+
+    def seconds(num_rows: int, padded_length: int) -> float:
+        return fixed_s + num_rows * padded_length * per_token_s
+
+    return CostTable(name, "synthetic", seconds, fixed_s / per_token_s if per_token_s else 0.0)
+
+
+def default_layout() -> BucketLayout:
+    """The default build's buckets on the bench corpus (docs/PERFORMANCE.md), 64 rows each."""
+    lengths = (13, 31, 50, 71, 92, 129, 165, 256)
+    return BucketLayout(tuple(Bucket(t, 64, 16) for t in lengths), 256, 64, None)
+
+
+def simulate(
+    lengths: Sequence[int],
+    table: CostTable,
+    policy: str,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    bursty: bool = False,
+    seconds: float = 60.0,
+    warmup_s: float = 5.0,
+    server_us_per_row: float = 0.0,
+    layout: BucketLayout | None = None,
+    seed: int = 0,
+) -> Result:
+    """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop) is set."""
+    if (concurrency is None) == (rate is None):
+        raise ValueError("give exactly one of concurrency and rate")
+    clock = VirtualClock()
+    layout = layout or default_layout()
+    engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6)
+    # the planner's cost model: the table's own fixed cost in tokens, as calibration would find it
+    scheduler = Scheduler(
+        engine,
+        pad_token_id=0,
+        cost=LinearCost(table.fixed_tokens),
+        max_batch=64,
+        max_queue_rows=10**9,
+        policy=make_policy(policy),
+        clock=clock,
+    )
+    rng = np.random.default_rng(seed)
+    result = Result(policy, seconds)
+    arrivals: list[tuple[float, int]] = []  # (time, sequence)
+    sequence = 0
+
+    def arrive_at(t: float) -> None:
+        nonlocal sequence
+        heapq.heappush(arrivals, (t, sequence))
+        sequence += 1
+
+    def respond_for(arrived: float) -> Callable[[object], None]:
+        def respond(outcome: object) -> None:
+            assert isinstance(outcome, Answer), outcome
+            if clock.now >= warmup_s:
+                result.latencies_s.append(clock.now - arrived)
+            if concurrency is not None:
+                arrive_at(clock.now)  # the client sends its next request at once
+
+        return respond
+
+    if concurrency is not None:
+        for k in range(concurrency):
+            arrive_at(k * 1e-6)
+    else:
+        assert rate is not None
+        t = 0.0
+        while t < warmup_s + seconds:
+            burst = int(rng.integers(1, 17)) if bursty else 1
+            t += rng.exponential(burst / rate)
+            for _ in range(burst):
+                arrive_at(t)
+    end = warmup_s + seconds
+    forwards_seen = 0
+    while clock.now < end:
+        while arrivals and arrivals[0][0] <= clock.now:
+            t, _ = heapq.heappop(arrivals)
+            row = np.ones(int(lengths[int(rng.integers(len(lengths)))]), dtype=np.int64)
+            now, clock.now = clock.now, t  # the request's own arrival time
+            scheduler.submit(Request([row], respond_for(t)))
+            clock.now = now
+        wake = scheduler.wake_at
+        if scheduler.queued_rows and (wake is None or clock.now >= wake):
+            if not scheduler.step(clock.now) and (scheduler.wake_at or math.inf) <= clock.now:
+                raise RuntimeError(f"policy {policy} waits for a time already past")
+            for rows, length, real in engine.forwards[forwards_seen:]:
+                if clock.now >= warmup_s:
+                    result.forwards += 1
+                    result.real_tokens += real
+                    result.padded_tokens += rows * length
+            forwards_seen = len(engine.forwards)
+            continue
+        upcoming = [arrivals[0][0]] if arrivals else []
+        if scheduler.queued_rows and wake is not None:
+            upcoming.append(wake)
+        if not upcoming:
+            break
+        clock.now = max(clock.now, min(upcoming))
+    result.seconds = max(1e-9, min(clock.now, end) - warmup_s)
+    return result
+
+
+def best_under_slo(
+    lengths: Sequence[int],
+    table: CostTable,
+    policy: str,
+    slo_ms: float,
+    server_us_per_row: float,
+    requests: int = 2000,
+) -> tuple[float, float]:
+    """The highest open-loop rate (rows/s) that is served in full with p99 under ``slo_ms``:
+    (rate, p99 ms). Each trial simulates about ``requests`` requests."""
+
+    def holds(rate: float) -> tuple[bool, float]:
+        r = simulate(
+            lengths,
+            table,
+            policy,
+            rate=rate,
+            seconds=max(2.0, requests / rate),
+            warmup_s=min(5.0, 200 / rate),
+            server_us_per_row=server_us_per_row,
+        )
+        p99 = r.percentile_ms(99)
+        return p99 <= slo_ms and r.rows_per_s >= 0.95 * rate, p99
+
+    low, high, best = 0.0, 64.0, (0.0, math.nan)
+    while high < 1e6:  # double until the SLO breaks
+        ok, p99 = holds(high)
+        if not ok:
+            break
+        low, high, best = high, high * 2, (high, p99)
+    for _ in range(7):  # then halve the gap: to within 1/128 of the last doubling
+        mid = (low + high) / 2
+        ok, p99 = holds(mid)
+        if ok:
+            low, best = mid, (mid, p99)
+        else:
+            high = mid
+    return best
+
+
+# -- the report (make simulate) -----------------------------------------------------------------
+
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+BEGIN, END = "<!-- simulate:begin -->", "<!-- simulate:end -->"
+
+
+def validate(lengths: Sequence[int], ms: int) -> tuple[str, float]:
+    """The real server beside the simulator, in one run, on the bench repository: first the
+    server's own time per row (the model over an emulated engine that takes no time, at
+    concurrency 64), then planner_dp really served at 8, 32 and 64 clients, then the simulator
+    with the model's calibrated CPU table and that time per row. Returns (table, us per row)."""
+    import tempfile
+
+    from bench.serving import build_repository, emulated_runs, measure, warm_up
+    from tools.triton_server import TritonServer, free_port
+
+    repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
+    table = manifest_table(repository / "planner_dp" / "1")
+    levels = [8, 32, 64]
+    with tempfile.TemporaryDirectory() as tmp:
+        (c, ceiling, _), *_ = emulated_runs(repository, "zero", Path(tmp), ms, [64])
+        us_per_row = 1e6 / ceiling["Inferences/Second"]
+        server = TritonServer(
+            repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "t.log"
+        )
+        real = {}
+        with server:
+            warm_up(server, Path(tmp), ("planner_dp",), 64)
+            for c in levels:
+                row, _ = measure("planner_dp", server.grpc_url, c, Path(tmp), ms)
+                real[c] = row
+    lines = [
+        f"The server's own time per row, measured first (planner_dp over an emulated engine that "
+        f"takes no time, perf_analyzer at concurrency 64): {ceiling['Inferences/Second']:.0f} "
+        f"rows/s, so {us_per_row:.0f} us per row. Then, in the same run:",
+        "",
+        "| concurrency | served rows/s | simulated rows/s | simulated / served | served p50 ms | simulated p50 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in levels:
+        sim = simulate(
+            lengths, table, "dp", concurrency=c, seconds=60, server_us_per_row=us_per_row
+        )
+        served = real[c]["Inferences/Second"]
+        lines.append(
+            f"| {c} | {served:.1f} | {sim.rows_per_s:.1f} | {sim.rows_per_s / served:.2f} | "
+            f"{real[c]['p50 latency'] / 1e3:.0f} | {sim.percentile_ms(50):.0f} |"
+        )
+    return "\n".join(lines), us_per_row
+
+
+def gain_by_fixed_cost(lengths: Sequence[int], us_per_row: float) -> str:
+    """Rows/s of each policy at 64 clients as the fixed cost of a forward grows, per-token cost
+    held at the A30 rule's; with the server's own time per row left out (the engine alone) and
+    included (as measured here)."""
+    a30 = gpu_table("a30")
+    # the A30 rule's cost of one more token at T=64 (its B=64 forward less its B=1 forward)
+    per_token_s = (a30.seconds(64, 64) - a30.seconds(1, 64)) / (63 * 64)
+    lines = [
+        "| fixed cost (tokens) | fixed cost (ms) | server us/row | "
+        + " | ".join(POLICIES)
+        + " | DP / per-bucket | DP / best peer |",
+        "|---" * (len(POLICIES) + 5) + "|",
+    ]
+    for tokens in (15, 50, 150, 300, 600, 1200):
+        fixed_s = tokens * per_token_s
+        table = linear_table(fixed_s, per_token_s, f"fixed {tokens} tokens")
+        for server in (0.0, us_per_row):
+            rates = {
+                p: simulate(
+                    lengths, table, p, concurrency=64, seconds=10, server_us_per_row=server
+                ).rows_per_s
+                for p in POLICIES
+            }
+            peers = max(rates[p] for p in POLICIES[2:])
+            lines.append(
+                f"| {tokens} | {fixed_s * 1e3:.3f} | {server:.0f} | "
+                + " | ".join(f"{rates[p]:.0f}" for p in POLICIES)
+                + f" | {rates['dp'] / rates['per_bucket']:.2f}x | {rates['dp'] / peers:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def throughput_under_slo(lengths: Sequence[int], us_per_row: float, slo_ms: float) -> str:
+    lines = [
+        "| GPU table | server us/row | " + " | ".join(POLICIES) + " |",
+        "|---" * (len(POLICIES) + 2) + "|",
+    ]
+    for gpu in sorted(PUBLISHED_BERT_BASE_FP16_MS):
+        table = gpu_table(gpu)
+        for server in (0.0, us_per_row):
+            best = [best_under_slo(lengths, table, p, slo_ms, server)[0] for p in POLICIES]
+            lines.append(f"| {gpu} | {server:.0f} | " + " | ".join(f"{b:.0f}" for b in best) + " |")
+    return "\n".join(lines)
+
+
+def bounded_wait(lengths: Sequence[int], us_per_row: float) -> str:
+    """Does waiting for a fuller collection pay when the queue is short? Open loop on the A30
+    table, at a light and a heavy rate, for waits of 0 to 5 ms."""
+    table = gpu_table("a30")
+    lines = [
+        "| rate (rows/s) | wait (ms) | served rows/s | p50 ms | p99 ms | forwards/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rate in (200.0, 1000.0):
+        for wait_ms in (0, 1, 2, 5):
+            policy = "dp" if wait_ms == 0 else f"dp_wait:{wait_ms}"
+            s = simulate(
+                lengths, table, policy, rate=rate, seconds=20, server_us_per_row=us_per_row
+            ).summary()
+            lines.append(
+                f"| {rate:.0f} | {wait_ms} | {s['rows_per_s']:.0f} | {s['p50_ms']:.2f} | "
+                f"{s['p99_ms']:.2f} | {s['forwards_per_s']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def report(lengths: Sequence[int], ms: int, slo_ms: float) -> str:
+    validation, us_per_row = validate(lengths, ms)
+    sources = "\n".join(f"- {gpu_table(g).source}" for g in sorted(PUBLISHED_BERT_BASE_FP16_MS))
+    return "\n".join(
+        [
+            "## Simulation: the planner where a forward's fixed cost is large",
+            "",
+            "    make simulate   # = .venv/bin/python -m bench.simulate --report",
+            "",
+            "`bench/simulate.py` drives the project's own scheduler step by step on a virtual clock;",
+            "an engine that computes nothing moves the clock by a cost table's time for each forward,",
+            "plus the server's own time per row. Requests: one row each, lengths replayed from",
+            "`bench/data/request_lengths.txt` (the benchmark's real-text requests). The peers'",
+            "batchers run as policies in this project's loop: an approximation of those servers.",
+            "",
+            "### Validation on this CPU",
+            "",
+            validation,
+            "",
+            "### GPU tables (derived from published measurements, not measured here)",
+            "",
+            "The rule t(B, T) = fixed + B*T*per_token + B*T^2*attention is fitted to NVIDIA's",
+            "published TensorRT BERT-base FP16 latencies (NVIDIA/TensorRT, demo/BERT/README.md,",
+            "average ms at sequence lengths 128 and 384, batch 1 to 128; the times leave out",
+            "host-device copies, so the fixed cost they imply is a lower bound), then scaled to",
+            "MiniLM-L6: fixed cost by layers (6/12), per-token cost by layers x hidden^2 (1/8),",
+            "attention by layers x hidden (1/4). The fixed cost is never scaled by length.",
+            "",
+            sources,
+            "",
+            "### The DP's gain as the fixed cost of a forward grows",
+            "",
+            "Rows/s at 64 clients, per-token cost of the A30 rule; server us/row 0 is the engine",
+            f"alone, {us_per_row:.0f} the server's own time per row as measured above:",
+            "",
+            gain_by_fixed_cost(lengths, us_per_row),
+            "",
+            f"### Throughput under a p99 SLO of {slo_ms:.0f} ms (open loop, Poisson)",
+            "",
+            "Highest rate each policy sustains with p99 under the SLO, with the server's own time",
+            "per row left out (0: the engine alone) and included (as measured on this CPU):",
+            "",
+            throughput_under_slo(lengths, us_per_row, slo_ms),
+            "",
+            "### A bounded wait for a fuller collection",
+            "",
+            "The DP planner, waiting while fewer than 32 rows are queued, at most the given time",
+            f"past the oldest row's arrival (A30 table, the server's {us_per_row:.0f} us per row):",
+            "",
+            bounded_wait(lengths, us_per_row),
+        ]
+    )
+
+
+def write_doc(section: str) -> None:
+    text = DOC.read_text()
+    block = f"{BEGIN}\n{section}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(text)
+
+
+def read_lengths(path: Path) -> list[int]:
+    try:
+        lengths = [int(x) for x in path.read_text().split()]
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--lengths {path}: {err}") from None
+    if not lengths or min(lengths) < 1:
+        raise SystemExit(f"--lengths {path}: one positive token count a line")
+    return lengths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=Path, default=LENGTHS)
+    parser.add_argument("--cost", default="table:a30", help="manifest:DIR or table:a100|a30")
+    parser.add_argument(
+        "--policy", default="dp", help=f"{', '.join(POLICIES)}, or dp_wait:MS (a bounded wait)"
+    )
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=None)
+    load.add_argument("--rate", type=float, default=None, help="rows/s, Poisson arrivals")
+    parser.add_argument("--bursty", action="store_true", help="with --rate: arrivals in bursts")
+    parser.add_argument("--seconds", type=float, default=60.0, help="virtual seconds measured")
+    parser.add_argument("--server-us-per-row", type=float, default=0.0)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="validate against the real server, then the GPU answers; writes docs/PERFORMANCE.md",
+    )
+    parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument("--measurement-ms", type=int, default=4000)
+    args = parser.parse_args(argv)
+    lengths = read_lengths(args.lengths)
+    if args.report:
+        text = report(lengths, args.measurement_ms, args.slo_ms)
+        print(text)
+        write_doc(text)
+        return 0
+    table = cost_table(args.cost)
+    concurrency = args.concurrency if args.rate is None else None
+    if concurrency is None and args.rate is None:
+        concurrency = 64
+    r = simulate(
+        lengths,
+        table,
+        args.policy,
+        concurrency=concurrency,
+        rate=args.rate,
+        bursty=args.bursty,
+        seconds=args.seconds,
+        server_us_per_row=args.server_us_per_row,
+    )
+    s = r.summary()
+    if args.json:
+        print(json.dumps({"policy": args.policy, "cost": table.name, **s}))
+    print(table.source)
+    load_text = f"concurrency {concurrency}" if concurrency else f"rate {args.rate}/s"
+    print(
+        f"{args.policy} on {table.name}, {load_text}: p50 {s['p50_ms']:.1f} ms, p99 "
+        f"{s['p99_ms']:.1f} ms, padding efficiency {s['padding_efficiency']:.3f}, "
+        f"{s['forwards_per_s']:.1f} forwards/s, {s['tokens_per_s']:.0f} real tokens/s, "
+        f"simulated rows/s {s['rows_per_s']:.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The simulator drives the real scheduler on a virtual clock: its figures must obey the laws a
+queue obeys, and its cost tables must reproduce the measurements they came from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.simulate import (
+    POLICIES,
+    PUBLISHED_BERT_BASE_FP16_MS,
+    CostTable,
+    fit_gpu_rule,
+    gpu_table,
+    simulate,
+)
+from bench.simulate import (
+    linear_table as synthetic,
+)
+
+LENGTHS = [5, 9, 13, 20, 31, 45, 60, 90, 128, 200, 256] * 10
+
+
+def linear_table(fixed_ms: float, us_per_token: float) -> CostTable:
+    return synthetic(fixed_ms / 1e3, us_per_token / 1e6, "test")
+
+
+@pytest.mark.parametrize("gpu", sorted(PUBLISHED_BERT_BASE_FP16_MS))
+def test_the_gpu_rule_reproduces_the_published_points(gpu):
+    rule, worst = fit_gpu_rule(PUBLISHED_BERT_BASE_FP16_MS[gpu])
+    assert worst < 0.25
+    assert rule.fixed_ms > 0.2, "a forward's fixed cost on a GPU is a fraction of a millisecond"
+    for length, by_batch in PUBLISHED_BERT_BASE_FP16_MS[gpu].items():
+        assert rule.ms(128, length) == pytest.approx(by_batch[128], rel=0.25)
+
+
+def test_the_gpu_table_is_worth_hundreds_of_tokens_per_forward():
+    assert 100 < gpu_table("a30").fixed_tokens < 2000
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_closed_loop_obeys_littles_law(policy):
+    r = simulate(LENGTHS, linear_table(1.0, 0.5), policy, concurrency=16, seconds=10)
+    mean_latency_s = float(np.mean(r.latencies_s))
+    assert r.rows_per_s * mean_latency_s == pytest.approx(16, rel=0.05)
+    assert 0 < r.summary()["padding_efficiency"] <= 1
+
+
+def test_an_open_loop_under_capacity_serves_what_it_is_offered():
+    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=30)
+    assert r.rows_per_s == pytest.approx(200, rel=0.1)
+
+
+def test_the_dp_beats_per_bucket_grouping_when_a_forward_costs_much_fixed_time():
+    heavy = linear_table(fixed_ms=5.0, us_per_token=0.5)  # 10000 tokens of fixed cost
+    dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=10)
+    per_bucket = simulate(LENGTHS, heavy, "per_bucket", concurrency=32, seconds=10)
+    assert dp.rows_per_s > 1.2 * per_bucket.rows_per_s
+
+
+def test_the_server_time_per_row_caps_throughput():
+    free = linear_table(0.0, 0.0)
+    r = simulate(LENGTHS, free, "dp", concurrency=64, seconds=10, server_us_per_row=100)
+    assert r.rows_per_s == pytest.approx(10_000, rel=0.02)
