@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.docs import write_section
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
 from builder.triton_config import add_model_variant, write_config
@@ -175,6 +176,14 @@ def measure(
     raise AssertionError("unreachable: the last attempt accepts any window")
 
 
+def print_point(label: str, row: dict) -> None:
+    print(
+        f"{label} {row['Inferences/Second']:8.1f} rows/s  p50 {row['p50 latency'] / 1e3:8.1f}  "
+        f"p99 {row['p99 latency'] / 1e3:8.1f} ms",
+        flush=True,
+    )
+
+
 def warm_up(server: TritonServer, tmp: Path, models, concurrency: int = 4) -> None:
     """First forwards allocate (ONNX Runtime, for each new shape): a short unmeasured run per
     model, at the concurrency that will be measured first when that is high."""
@@ -213,11 +222,7 @@ def front_door_comparison(
             for route, url in routes.items():
                 row, stable = measure("planner_dp", url, concurrency, tmp, ms)
                 out.append((route, row, stable))
-                print(
-                    f"c={concurrency} planner_dp {route:<10} {row['Inferences/Second']:7.1f} "
-                    f"rows/s  p99 {row['p99 latency'] / 1e3:8.1f} ms",
-                    flush=True,
-                )
+                print_point(f"c={concurrency} planner_dp {route:<10}", row)
     return out
 
 
@@ -271,11 +276,7 @@ def emulated_runs(
         for c in levels:
             row, stable = measure("planner_emulated", server.grpc_url, c, tmp, ms)
             out.append((c, row, stable))
-            print(
-                f"c={c:>3} emulated {table:<10} {row['Inferences/Second']:8.1f} rows/s  "
-                f"p50 {row['p50 latency'] / 1e3:7.2f}  p99 {row['p99 latency'] / 1e3:7.2f} ms",
-                flush=True,
-            )
+            print_point(f"c={c:>3} emulated {table:<10}", row)
     return out
 
 
@@ -310,11 +311,7 @@ def code_comparison(
             for which, server in order:
                 row, stable = measure("planner_dp", server.grpc_url, c, tmp, ms)
                 out.append((c, which, row, stable))
-                print(
-                    f"c={c:>3} {which:<14} {row['Inferences/Second']:7.1f} rows/s  "
-                    f"p99 {row['p99 latency'] / 1e3:8.1f} ms",
-                    flush=True,
-                )
+                print_point(f"c={c:>3} {which:<14}", row)
     return out
 
 
@@ -539,13 +536,7 @@ def half_load_report(rate: float, at_half: dict[str, tuple[float, float, bool]])
 
 
 def write_doc(section: str, begin: str = BEGIN, end: str = END) -> None:
-    text = DOC.read_text() if DOC.is_file() else "# Performance\n"
-    block = f"{begin}\n{section}\n{end}"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(text)
+    write_section(section, begin, end, DOC)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.docs import write_section
 from python_backend.cost_models import CostModel, LinearCost, MeasuredCost, cost_model_from_dict
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Bucket, load_manifest
@@ -369,6 +370,7 @@ def simulate(
     server_us_per_row: float = 0.0,
     layout: BucketLayout | None = None,
     seed: int = 0,
+    round_trip_us: float = 0.0,
 ) -> Result:
     """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop) is set."""
     if (concurrency is None) == (rate is None):
@@ -402,7 +404,8 @@ def simulate(
             if clock.now >= warmup_s:
                 result.latencies_s.append(clock.now - arrived)
             if concurrency is not None:
-                arrive_at(clock.now)  # the client sends its next request at once
+                # the answer's way out to the client and the next request's way in
+                arrive_at(clock.now + round_trip_us / 1e6)
 
         return respond
 
@@ -489,7 +492,6 @@ def best_under_slo(
 
 # -- the report (make simulate) -----------------------------------------------------------------
 
-DOC = ROOT / "docs" / "PERFORMANCE.md"
 BEGIN, END = "<!-- simulate:begin -->", "<!-- simulate:end -->"
 
 
@@ -658,16 +660,6 @@ def report(lengths: Sequence[int], ms: int, slo_ms: float) -> str:
     )
 
 
-def write_doc(section: str) -> None:
-    text = DOC.read_text()
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(text)
-
-
 def read_lengths(path: Path) -> list[int]:
     try:
         lengths = [int(x) for x in path.read_text().split()]
@@ -691,6 +683,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bursty", action="store_true", help="with --rate: arrivals in bursts")
     parser.add_argument("--seconds", type=float, default=60.0, help="virtual seconds measured")
     parser.add_argument("--server-us-per-row", type=float, default=0.0)
+    parser.add_argument(
+        "--round-trip-us",
+        type=float,
+        default=0.0,
+        help="closed loop: time from an answer leaving the engine to the client's next "
+        "request reaching the queue",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--report",
@@ -704,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         text = report(lengths, args.measurement_ms, args.slo_ms)
         print(text)
-        write_doc(text)
+        write_section(text, BEGIN, END)
         return 0
     table = cost_table(args.cost)
     concurrency = args.concurrency if args.rate is None else None
@@ -719,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         bursty=args.bursty,
         seconds=args.seconds,
         server_us_per_row=args.server_us_per_row,
+        round_trip_us=args.round_trip_us,
     )
     s = r.summary()
     if args.json:
