@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from python_backend.engines.base import BucketLayout
+from python_backend.manifest import Manifest
+
 TABLE_FILE = "emulated_table.txt"
 
 EMULATED_MODEL_PY = '''"""Bench only: the project's model over an emulated engine (bench/emulated_engine.py)."""
@@ -26,14 +29,14 @@ __all__ = ["TritonPythonModel"]
 
 
 class EmulatedEngine:
-    """The real engine's layout and output size, with forwards that only take time."""
+    """The manifest's layout and output size, with forwards that only take time (the real
+    engine is never loaded)."""
 
-    def __init__(self, real: Any, seconds: Any) -> None:
-        self.layout = real.layout
-        self.output_name = real.output_name
-        self.output_dim = real.output_dim
+    def __init__(self, manifest: Manifest, seconds: Any) -> None:
+        self.layout = BucketLayout.from_manifest(manifest)
+        self.output_name = manifest.output_name
+        self.output_dim = manifest.output_dim
         self.seconds = seconds  # (rows, padded length) -> seconds
-        real.close()
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         rows, length = input_ids.shape

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.emulated_engine import TABLE_FILE, EmulatedEngine, table_seconds
-from python_backend.engines import open_engine
 from python_backend.triton_model import TritonPythonModel
 
 
 class EmulatedEngineModel(TritonPythonModel):
     def open_engine(self, manifest: Any, version_dir: Path) -> Any:
         spec = (Path(version_dir) / TABLE_FILE).read_text().strip()
-        return EmulatedEngine(open_engine(manifest, version_dir), table_seconds(spec))
+        return EmulatedEngine(manifest, table_seconds(spec))

@@ -179,7 +179,15 @@ def padded_to_longest(lengths: Sequence[int], members: list[int]) -> Group:
     return max(lengths[i] for i in members), members
 
 
-class DynamicBatcher(Policy):
+class PeerBatcher(Policy):
+    """What the peers' batchers share: batches padded to their longest row, and a failed batch
+    retried row by row at each row's own length."""
+
+    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
+        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
+
+
+class DynamicBatcher(PeerBatcher):
     """Triton's dynamic batcher: a batch leaves when it reaches the preferred size or its oldest
     row has waited ``max_delay_s``; rows in arrival order, padded to the batch's longest."""
 
@@ -198,11 +206,8 @@ class DynamicBatcher(Policy):
         ]
         return PolicyPlan(groups)
 
-    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
-        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
 
-
-class TokenBudget(Policy):
+class TokenBudget(PeerBatcher):
     """FIFO batches under a token budget counted as rows x longest row (TEI's max_batch_tokens)."""
 
     def __init__(self, max_tokens: int = 16384, max_batch: int = 64) -> None:
@@ -226,11 +231,8 @@ class TokenBudget(Policy):
             groups.append(padded_to_longest(rows.num_tokens, members))
         return PolicyPlan(groups)
 
-    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
-        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
 
-
-class SortedWindow(Policy):
+class SortedWindow(PeerBatcher):
     """Up to ``batch_size`` rows at a time, sorted by length, each batch padded to its longest
     (Infinity's batch handler)."""
 
@@ -245,9 +247,6 @@ class SortedWindow(Policy):
             for a in range(0, len(order), self.batch_size)
         ]
         return PolicyPlan(groups)
-
-    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
-        return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]
 
 
 class BoundedWait(Policy):

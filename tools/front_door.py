@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.triton_server import set_parent_death_signal
+from tools.triton_server import local_host, set_parent_death_signal
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "docker" / "nginx" / "front-door.conf.template"
@@ -233,8 +233,7 @@ class FrontDoor:
             start_new_session=True,
             preexec_fn=set_parent_death_signal,
         )
-        host = "127.0.0.1" if self.settings.public_address in ("0.0.0.0", "") else None
-        host = host or self.settings.public_address
+        host = local_host(self.settings.public_address)
         deadline = time.monotonic() + timeout_s
         while not port_open(host, self.settings.http_port):
             if self.process.poll() is not None:

@@ -87,6 +87,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def local_host(listen_address: str | None) -> str:
+    """Where this machine reaches a server listening on ``listen_address`` (every interface:
+    loopback)."""
+    return "127.0.0.1" if listen_address in (None, "", "0.0.0.0") else str(listen_address)
+
+
 def answers_ok(url: str, timeout_s: float = 1.0) -> bool:
     """True if a GET of ``url`` answers 200 in time (a readiness probe)."""
     try:
@@ -137,7 +143,7 @@ class TritonServer:
     @property
     def loopback(self) -> str:
         """Where this machine reaches the server."""
-        return "127.0.0.1" if self.address in (None, "", "0.0.0.0") else str(self.address)
+        return local_host(self.address)
 
     @property
     def http_url(self) -> str:
