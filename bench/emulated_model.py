@@ -11,6 +11,6 @@ from python_backend.triton_model import TritonPythonModel
 
 
 class EmulatedEngineModel(TritonPythonModel):
-    def open_engine(self, manifest: Any, version_dir: Path) -> Any:
+    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         spec = (Path(version_dir) / TABLE_FILE).read_text().strip()
         return EmulatedEngine(manifest, table_seconds(spec))

@@ -27,7 +27,7 @@ import numpy as np
 
 from builder import buckets as bucket_choice
 from builder.spec import BuildError, BuildSpec, option
-from builder.triton_config import model_config, write_config
+from builder.triton_config import cpu_instance, gpu_instances, model_config, write_config
 from python_backend.cost_models import LinearCost, StoredCost
 from python_backend.manifest import Bucket, LongRows, Manifest
 
@@ -148,7 +148,7 @@ def build(spec: BuildSpec) -> BuildResult:
         )
     version_dir = spec.repository / spec.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    engine_files = export_and_build_engine(
+    engine_files, engine_version = export_and_build_engine(
         spec, resolved, model, buckets, last_bucket, max_length, long_rows, version_dir, progress
     )
     manifest = Manifest(
@@ -164,6 +164,7 @@ def build(spec: BuildSpec) -> BuildResult:
         max_batch=spec.max_batch,
         engine_kind=resolved.engine_kind,
         engine_files=engine_files,
+        engine_version=engine_version,
         precision=resolved.precision,
         cost_model=LinearCost(spec.overhead_tokens),
         long_rows=long_rows,
@@ -334,8 +335,10 @@ def export_and_build_engine(
     long_rows: LongRows | None,
     version_dir: Path,
     progress: Progress,
-) -> tuple[str, ...]:
-    """Writes the engine files (and the tokenizer) into the version folder; returns their names."""
+) -> tuple[tuple[str, ...], str]:
+    """Writes the engine files (and the tokenizer) into the version folder; returns their names
+    and the version of the engine library that built them ("" for ONNX Runtime, which loads any
+    ONNX file)."""
     from builder.export_onnx import export_onnx
 
     kind = resolved.engine_kind
@@ -349,7 +352,7 @@ def export_and_build_engine(
             from builder.tensorrt_build import build_engine, profile_shapes
 
             shapes = profile_shapes(buckets, last_bucket, max_length, long_rows)
-            build_engine(
+            engine_version = build_engine(
                 onnx_path,
                 version_dir / "model.plan",
                 shapes,
@@ -361,9 +364,10 @@ def export_and_build_engine(
             (version_dir / "model.onnx").unlink(missing_ok=True)  # a stale ONNX Runtime build
         else:
             engine_files = ("model.onnx",)
+            engine_version = ""
             (version_dir / "model.plan").unlink(missing_ok=True)  # a stale TensorRT build
         shutil.copyfile(resolved.tokenizer_path, version_dir / "tokenizer.json")
-    return engine_files
+    return engine_files, engine_version
 
 
 def calibrate_cost(
@@ -397,9 +401,14 @@ def calibrate_cost(
 
 def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress) -> None:
     manifest.write(version_dir)
-    write_config(
-        model_config(spec.name, manifest.output_name, manifest.output_dim), version_dir.parent
+    on_gpu = manifest.engine_kind == "tensorrt"
+    config = model_config(
+        spec.name,
+        manifest.output_name,
+        manifest.output_dim,
+        instances=gpu_instances(spec.gpus) if on_gpu else cpu_instance(),
     )
+    write_config(config, version_dir.parent)
     (version_dir / "model.py").write_text(MODEL_PY)
     progress.detail(
         f"{version_dir.parent}: config.pbtxt, 1/manifest.json, 1/model.py, "

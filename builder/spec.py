@@ -116,6 +116,10 @@ class BuildSpec:
     work_dir: Path = _opt(
         "scratch space for the ONNX export when building TensorRT", default=Path("build")
     )
+    gpus: tuple[int, ...] | None = _list_opt(
+        "TensorRT only: comma-separated GPU ids, one model instance (own queue, own engine) on "
+        "each; default: one instance on every GPU the server sees"
+    )
     quiet: bool = _opt("print only errors", default=False)
 
     def validate(self) -> BuildSpec:
@@ -135,6 +139,11 @@ class BuildSpec:
             raise BuildError(f"--name must be letters, digits, - or _, got {self.name!r}")
         if self.buckets is not None and (not self.buckets or min(self.buckets) < 1):
             raise BuildError("--buckets lengths must be >= 1")
+        if self.gpus is not None:
+            if min(self.gpus) < 0 or len(set(self.gpus)) != len(self.gpus):
+                raise BuildError("--gpus takes distinct GPU ids >= 0")
+            if self.engine == "onnxruntime":
+                raise BuildError("--gpus is for TensorRT engines; ONNX Runtime serves on the CPU")
         for name in ("family", "engine", "precision", "cost_model"):
             choices = _field(name).metadata.get("choices")
             value = getattr(self, name)

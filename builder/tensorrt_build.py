@@ -17,6 +17,7 @@ from pathlib import Path
 
 import tensorrt as trt
 
+from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
 from python_backend.contract import ENGINE_INPUTS
 from python_backend.manifest import Bucket, LongRows
 
@@ -47,8 +48,8 @@ def build_engine(
     precision: str,
     timing_cache_path: Path,
     log: Callable[[str], None] = print,
-) -> Path:
-    """Builds and writes the serialized engine; returns its path."""
+) -> str:
+    """Builds and writes the serialized engine; returns the TensorRT version that built it."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
@@ -61,9 +62,7 @@ def build_engine(
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
     if precision == "fp16":
         config.set_flag(trt.BuilderFlag.FP16)
-    cache_bytes = timing_cache_path.read_bytes() if timing_cache_path.is_file() else b""
-    cache = config.create_timing_cache(cache_bytes)
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    use_timing_cache(config, timing_cache_path, log)
 
     for min_shape, opt_shape, max_shape in shapes:
         profile = builder.create_optimization_profile()
@@ -77,7 +76,6 @@ def build_engine(
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise RuntimeError("TensorRT engine build failed (see the TensorRT log above)")
-    engine_path.write_bytes(bytes(memoryview(serialized)))
-    timing_cache_path.parent.mkdir(parents=True, exist_ok=True)
-    timing_cache_path.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
-    return engine_path
+    write_atomically(engine_path, bytes(memoryview(serialized)))
+    save_timing_cache(config, timing_cache_path, log)
+    return str(trt.__version__)

@@ -27,8 +27,27 @@ MAX_BATCH_SIZE = MAX_ROWS_PER_REQUEST
 DEFAULT_PARAMETERS = PARAMETER_DEFAULTS
 
 
+def cpu_instance() -> mc.ModelInstanceGroup:
+    """One instance on the CPU (ONNX Runtime): one queue plans across every request."""
+    return mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+
+
+def gpu_instances(gpus: tuple[int, ...] | None = None) -> mc.ModelInstanceGroup:
+    """One instance per GPU, each with its own queue and engine on its device (Triton passes
+    the device as ``model_instance_device_id``). Without ``gpus``, Triton puts ``count``
+    instances on every GPU it sees: one each."""
+    group = mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=1)
+    if gpus is not None:
+        group.gpus.extend(gpus)
+    return group
+
+
 def model_config(
-    name: str, output_name: str, output_dim: int, parameters: dict[str, str] | None = None
+    name: str,
+    output_name: str,
+    output_dim: int,
+    parameters: dict[str, str] | None = None,
+    instances: mc.ModelInstanceGroup | None = None,
 ) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
     text, input_ids, attention_mask = REQUEST_INPUTS
@@ -43,9 +62,7 @@ def model_config(
         mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])
     )
     config.output.append(mc.ModelOutput(name=NUM_TOKENS_OUTPUT, data_type=mc.TYPE_INT32, dims=[1]))
-    config.instance_group.append(
-        mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
-    )
+    config.instance_group.append(instances if instances is not None else cpu_instance())
     for key, value in {**DEFAULT_PARAMETERS, **(parameters or {})}.items():
         config.parameters[key].string_value = value
     return config
@@ -85,6 +102,12 @@ def add_model_variant(
     base = read_config(Path(repository) / source / "config.pbtxt")
     inherited = {k: v.string_value for k, v in base.parameters.items()}
     output = base.output[0]
-    config = model_config(name, output.name, int(output.dims[0]), inherited | (parameters or {}))
+    config = model_config(
+        name,
+        output.name,
+        int(output.dims[0]),
+        inherited | (parameters or {}),
+        instances=base.instance_group[0] if base.instance_group else None,
+    )
     write_config(config, target.parent)
     return config

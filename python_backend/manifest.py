@@ -66,6 +66,8 @@ class Manifest:
     precision: str  # fp32 | fp16
     cost_model: StoredCost  # the planner's cost model, parsed once (stored as a dict)
     long_rows: LongRows | None = None  # None: rows above the last bucket are truncated or refused
+    # the TensorRT version that serialized the plan ("" for ONNX Runtime): a plan loads only in it
+    engine_version: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -175,6 +177,17 @@ def manifest_from_dict(data: Any) -> Manifest:
         cost = cost_model_from_dict(_require(data, "cost_model", dict))
     except (KeyError, TypeError, ValueError) as err:
         raise ManifestError(f"manifest field 'cost_model' is invalid: {err}") from None
+    engine_kind = _choice(data, "engine_kind", ENGINE_KINDS)
+    engine_version = data.get("engine_version", "")
+    if not isinstance(engine_version, str):
+        raise ManifestError(
+            f"manifest field 'engine_version' has the wrong type: {engine_version!r}"
+        )
+    if engine_kind == "tensorrt" and not engine_version:
+        raise ManifestError(
+            "manifest field 'engine_version' is missing: a TensorRT plan must record the "
+            "TensorRT version that built it (rebuild the model)"
+        )
     return Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -186,7 +199,8 @@ def manifest_from_dict(data: Any) -> Manifest:
         pad_token_id=_require(data, "pad_token_id", int),
         buckets=buckets,
         max_batch=_positive(data, "max_batch"),
-        engine_kind=_choice(data, "engine_kind", ENGINE_KINDS),
+        engine_kind=engine_kind,
+        engine_version=engine_version,
         engine_files=tuple(engine_files),
         precision=_choice(data, "precision", PRECISIONS),
         cost_model=cost,

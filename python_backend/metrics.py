@@ -36,9 +36,11 @@ LATENCY_BUCKETS_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 
 
 
 class TritonMetrics(SchedulerMetrics):
-    """Families are created once per model instance; labels carry the model and the bucket."""
+    """Families are created once per model instance; labels carry the model, the instance and
+    the bucket. With one instance per GPU, each instance's queue depth is its own series (sum
+    them for the model's), instead of every instance overwriting one gauge."""
 
-    def __init__(self, pb_utils: Any, model_name: str) -> None:
+    def __init__(self, pb_utils: Any, model_name: str, instance: str | None = None) -> None:
         mf = pb_utils.MetricFamily
         self._warned = False
         self._log = pb_utils.Logger.log_warn
@@ -49,13 +51,15 @@ class TritonMetrics(SchedulerMetrics):
         self._queue_rows: int | None = None  # latest queue depth, pending
         self._last_flush = time.monotonic()
         self._model = model_name
+        self._instance = instance or model_name
+        base = {"model": model_name, "instance": self._instance}
         # Triton requires every MetricFamily to outlive its Metrics: all are kept on self
         self._queue_family = mf(
             name="planner_queue_rows",
             description="Rows waiting in the model's own queue",
             kind=mf.GAUGE,
         )
-        self._queue = self._queue_family.Metric(labels={"model": model_name})
+        self._queue = self._queue_family.Metric(labels=base)
         self._rows = mf(
             name="planner_rows_total", description="Rows computed, by bucket", kind=mf.COUNTER
         )
@@ -67,15 +71,15 @@ class TritonMetrics(SchedulerMetrics):
             description="Tokens computed: real (in rows) and padded (rows x bucket length)",
             kind=mf.COUNTER,
         )
-        self._real = tokens.Metric(labels={"model": model_name, "kind": "real"})
-        self._padded = tokens.Metric(labels={"model": model_name, "kind": "padded"})
+        self._real = tokens.Metric(labels={**base, "kind": "real"})
+        self._padded = tokens.Metric(labels={**base, "kind": "padded"})
         self._cost_family = cost = mf(
             name="planner_plan_cost_total",
             description="Cost of the plans run, in token-units: planned, and per-bucket grouping of the same rows",
             kind=mf.COUNTER,
         )
-        self._planned = cost.Metric(labels={"model": model_name, "plan": "planned"})
-        self._baseline = cost.Metric(labels={"model": model_name, "plan": "per_bucket"})
+        self._planned = cost.Metric(labels={**base, "plan": "planned"})
+        self._baseline = cost.Metric(labels={**base, "plan": "per_bucket"})
         self._refused = mf(
             name="planner_refused_total",
             description="Requests refused or failed, by reason",
@@ -86,7 +90,7 @@ class TritonMetrics(SchedulerMetrics):
             description="Forwards that failed and were split and retried",
             kind=mf.COUNTER,
         )
-        self._splits = self._splits_family.Metric(labels={"model": model_name})
+        self._splits = self._splits_family.Metric(labels=base)
         histogram_kind = getattr(mf, "HISTOGRAM", None)
         self._latency = None
         if histogram_kind is not None:
@@ -101,7 +105,11 @@ class TritonMetrics(SchedulerMetrics):
     def _bucket(self, padded_length: int) -> tuple[Any, Any, Any]:
         metrics = self._by_bucket.get(padded_length)
         if metrics is None:
-            labels = {"model": self._model, "bucket": str(padded_length)}
+            labels = {
+                "model": self._model,
+                "instance": self._instance,
+                "bucket": str(padded_length),
+            }
             latency = (
                 self._latency.Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
                 if self._latency is not None
@@ -177,6 +185,8 @@ class TritonMetrics(SchedulerMetrics):
     def _refused_metric(self, reason: str) -> Any:
         metric = self._by_reason.get(reason)
         if metric is None:
-            metric = self._refused.Metric(labels={"model": self._model, "reason": reason})
+            metric = self._refused.Metric(
+                labels={"model": self._model, "instance": self._instance, "reason": reason}
+            )
             self._by_reason[reason] = metric
         return metric

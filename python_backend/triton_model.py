@@ -46,8 +46,11 @@ class TritonPythonModel:
         self.model_name = config["name"]
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.settings = settings_from_parameters(config.get("parameters", {}), self.model_name)
+        # one instance per GPU (KIND_GPU): each has its own engine, queue and metrics labels
+        self.instance_name = args.get("model_instance_name") or self.model_name
+        device_id = int(args.get("model_instance_device_id") or 0)
         manifest = load_manifest(version_dir)
-        engine = self.open_engine(manifest, version_dir)
+        engine = self.open_engine(manifest, version_dir, device_id)
         fault_spec = load_fault_spec(version_dir)  # test repositories only
         if fault_spec:
             engine = FaultInjectingEngine(engine, fault_spec)
@@ -61,7 +64,7 @@ class TritonPythonModel:
         longest = engine.layout.longest_row
         self.tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
         self.limits = Limits(int(config["max_batch_size"]), longest, manifest.vocab_size)
-        self.metrics = TritonMetrics(pb_utils, self.model_name)
+        self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         self.scheduler = Scheduler(
             engine,
             pad_token_id=manifest.pad_token_id,
@@ -73,13 +76,16 @@ class TritonPythonModel:
         )
         self.scheduler.start()
         pb_utils.Logger.log_info(
-            f"{self.model_name}: {manifest.engine_kind} engine, buckets "
+            f"{self.instance_name}: {manifest.engine_kind} engine"
+            + (f" on GPU {device_id}" if manifest.engine_kind == "tensorrt" else "")
+            + ", buckets "
             f"{[b.length for b in manifest.buckets]}, planner {self.settings.planner}, cost {cost}"
         )
 
-    def open_engine(self, manifest: Any, version_dir: Path) -> Any:
-        """The model's engine; bench repositories override it with an emulated one."""
-        return open_engine(manifest, version_dir)
+    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
+        """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
+        override it with an emulated one."""
+        return open_engine(manifest, version_dir, device_id=device_id)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:

@@ -10,12 +10,15 @@ from python_backend.manifest import Manifest
 __all__ = ["BucketLayout", "Engine", "open_engine"]
 
 
-def open_engine(manifest: Manifest, version_dir: Path, device: str = "auto") -> Engine:
-    """The engine the manifest names, loaded from ``version_dir``."""
+def open_engine(
+    manifest: Manifest, version_dir: Path, device: str = "auto", device_id: int = 0
+) -> Engine:
+    """The engine the manifest names, loaded from ``version_dir``; a TensorRT engine runs on GPU
+    ``device_id`` (the one Triton names for the model instance)."""
     if manifest.engine_kind == "tensorrt":
         from python_backend.engines.tensorrt_engine import TensorRTEngine
 
-        return TensorRTEngine(manifest, version_dir)
+        return TensorRTEngine(manifest, version_dir, device_id=device_id)
     from python_backend.engines.onnxruntime_engine import OnnxRuntimeEngine
 
     return OnnxRuntimeEngine(manifest, version_dir, device=device)

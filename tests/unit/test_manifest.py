@@ -84,6 +84,8 @@ def bad(**edits):
         (bad(format_version=7), "'format_version' is 7"),
         (bad(vocab_size="many"), "'vocab_size' has the wrong type"),
         (bad(engine_files=[]), "'engine_files' must list file names"),
+        (bad(engine_kind="tensorrt"), "'engine_version' is missing"),
+        (bad(engine_kind="tensorrt", engine_version=10), "'engine_version' has the wrong type"),
     ],
 )
 def test_an_invalid_manifest_names_the_field(data, message):

@@ -20,19 +20,40 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
     assert pb.calls == [], "nothing crosses to the server before a flush"
     metrics.flush()
     calls = {(op, name, labels): value for op, name, labels, value in pb.calls if op != "observe"}
-    bucket16 = (("bucket", "16"), ("model", "m"))
+    bucket16 = (("bucket", "16"), ("instance", "m"), ("model", "m"))
     assert calls[("increment", "planner_rows_total", bucket16)] == 6
     assert calls[("increment", "planner_forwards_total", bucket16)] == 2
-    assert calls[("increment", "planner_tokens_total", (("kind", "real"), ("model", "m")))] == 110
     assert (
-        calls[("increment", "planner_tokens_total", (("kind", "padded"), ("model", "m")))]
+        calls[
+            (
+                "increment",
+                "planner_tokens_total",
+                (("instance", "m"), ("kind", "real"), ("model", "m")),
+            )
+        ]
+        == 110
+    )
+    assert (
+        calls[
+            (
+                "increment",
+                "planner_tokens_total",
+                (("instance", "m"), ("kind", "padded"), ("model", "m")),
+            )
+        ]
         == 6 * 16 + 64
     )
     assert (
-        calls[("increment", "planner_refused_total", (("model", "m"), ("reason", "queue_full")))]
+        calls[
+            (
+                "increment",
+                "planner_refused_total",
+                (("instance", "m"), ("model", "m"), ("reason", "queue_full")),
+            )
+        ]
         == 2
     )
-    assert calls[("set", "planner_queue_rows", (("model", "m"),))] == 0
+    assert calls[("set", "planner_queue_rows", (("instance", "m"), ("model", "m")))] == 0
     assert sorted(v for op, *_, v in pb.calls if op == "observe") == [0.01, 0.02, 0.03]
     pb.calls.clear()
     metrics.flush()
@@ -47,3 +68,23 @@ def test_a_metric_that_fails_is_logged_once_and_never_raises():
     metrics.refused("timeout")
     metrics.flush()
     assert len(pb.warnings) == 1 and "metrics disabled" in pb.warnings[0]
+
+
+def test_instances_of_one_model_publish_separate_series_that_add_up():
+    """One instance per GPU: each queue depth is its own series, none overwrites another."""
+    pb = RecordingPbUtils()
+    gpu0, gpu1 = TritonMetrics(pb, "m", "m_0_0"), TritonMetrics(pb, "m", "m_0_1")
+    gpu0.queue_depth(7)
+    gpu1.queue_depth(5)
+    gpu0.forward(16, 4, 40, 0.01)
+    gpu1.forward(16, 2, 20, 0.01)
+    gpu0.flush()
+    gpu1.flush()
+    depths = {
+        dict(labels)["instance"]: value
+        for op, name, labels, value in pb.calls
+        if name == "planner_queue_rows"
+    }
+    assert depths == {"m_0_0": 7, "m_0_1": 5}
+    rows = [value for op, name, labels, value in pb.calls if name == "planner_rows_total"]
+    assert sorted(rows) == [2, 4]

@@ -2,8 +2,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from builder.build import MODEL_PY
-from builder.triton_config import add_model_variant, model_config, read_config, write_config
+from builder.triton_config import (
+    add_model_variant,
+    gpu_instances,
+    model_config,
+    read_config,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +51,31 @@ def test_a_model_variant_shares_the_engine_files_and_overrides_parameters(tmp_pa
     assert (tmp_path / "variant" / "1" / "model.py").read_text() == "base model"
     add_model_variant(tmp_path, "base", "peer", model_py="peer model")
     assert (tmp_path / "peer" / "1" / "model.py").read_text() == "peer model"
+
+
+def test_a_gpu_config_puts_one_instance_with_its_own_queue_on_each_named_gpu(tmp_path):
+    write_config(model_config("m", "EMBEDDING", 8, instances=gpu_instances((0, 1, 2, 3))), tmp_path)
+    (group,) = read_config(tmp_path / "config.pbtxt").instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_GPU
+    # Triton starts `count` instances on each GPU of the list: one per GPU
+    assert group.count == 1 and list(group.gpus) == [0, 1, 2, 3]
+    text = (tmp_path / "config.pbtxt").read_text()
+    assert "KIND_GPU" in text and "KIND_CPU" not in text
+
+
+def test_a_gpu_config_without_a_list_takes_every_gpu_triton_sees(tmp_path):
+    write_config(model_config("m", "EMBEDDING", 8, instances=gpu_instances()), tmp_path)
+    (group,) = read_config(tmp_path / "config.pbtxt").instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_GPU and group.count == 1
+    assert list(group.gpus) == []
+
+
+def test_a_variant_of_a_gpu_model_keeps_its_instances(tmp_path):
+    version = tmp_path / "base" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text("base model")
+    write_config(
+        model_config("base", "LOGITS", 3, instances=gpu_instances((0, 1))), tmp_path / "base"
+    )
+    variant = add_model_variant(tmp_path, "base", "variant")
+    assert list(variant.instance_group[0].gpus) == [0, 1]

@@ -27,7 +27,7 @@ def pb(monkeypatch):
     return recorder
 
 
-def load_model(pb, monkeypatch, tmp_path, engine, parameters=None):
+def load_model(pb, monkeypatch, tmp_path, engine, parameters=None, instance_args=None):
     import python_backend.triton_model as triton_model
 
     version = tmp_path / "1"
@@ -44,7 +44,13 @@ def load_model(pb, monkeypatch, tmp_path, engine, parameters=None):
         planner_cost=lambda: LinearCost(64),
     )
     monkeypatch.setattr(triton_model, "load_manifest", lambda _: manifest)
-    monkeypatch.setattr(triton_model, "open_engine", lambda _m, _d: engine)
+    opened_on = []
+
+    def open_engine(_manifest, _version_dir, device_id=0):
+        opened_on.append(device_id)
+        return engine
+
+    monkeypatch.setattr(triton_model, "open_engine", open_engine)
     config = {
         "name": "m",
         "max_batch_size": 64,
@@ -56,8 +62,10 @@ def load_model(pb, monkeypatch, tmp_path, engine, parameters=None):
             "model_config": json.dumps(config),
             "model_repository": str(tmp_path),
             "model_version": "1",
+            **(instance_args or {}),
         }
     )
+    model.opened_on = opened_on
     return model
 
 
@@ -158,5 +166,30 @@ def test_without_that_file_no_setting_turns_faults_on(pb, monkeypatch, tmp_path)
     )
     try:
         assert not isinstance(model.engine, FaultInjectingEngine)
+    finally:
+        model.finalize()
+
+
+def test_an_instance_opens_its_engine_on_the_gpu_triton_names_and_labels_its_metrics(
+    pb, monkeypatch, tmp_path
+):
+    engine = ClosingEngine(layout(max_length=64))
+    model = load_model(
+        pb,
+        monkeypatch,
+        tmp_path,
+        engine,
+        instance_args={
+            "model_instance_kind": "GPU",
+            "model_instance_device_id": "3",
+            "model_instance_name": "m_0_3",
+        },
+    )
+    try:
+        assert model.opened_on == [3]
+        model.metrics.queue_depth(2)
+        model.metrics.flush()
+        labels = [dict(lab) for _op, name, lab, _v in pb.calls if name == "planner_queue_rows"]
+        assert labels and all(lab["instance"] == "m_0_3" for lab in labels)
     finally:
         model.finalize()

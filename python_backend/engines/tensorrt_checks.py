@@ -1,0 +1,101 @@
+"""What the TensorRT engine checks and decides at load, kept free of TensorRT and CUDA imports so
+that every rule here is unit-tested on machines without a GPU.
+
+- ``require_built_by``: a plan loads only in the TensorRT version that serialized it (plans are
+  not built version-compatible), so a mismatch is refused with both versions named, before
+  TensorRT's own deserializer fails with a less helpful message;
+- ``check_io_contract``: the engine's I/O tensors are exactly the two INT64 [B, T] inputs and the
+  FP32 [B, D] output the runtime binds; anything else is named;
+- ``capture_all``: every (profile, batch) the manifest lists is captured; a size that cannot be
+  captured is logged and runs eagerly instead of failing the whole model load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from python_backend.contract import ENGINE_INPUTS
+
+
+class EngineContractError(RuntimeError):
+    """The engine file does not match what the manifest and the runtime expect."""
+
+
+def require_built_by(built: str, running: str, path: object) -> None:
+    """Refuses a plan built by another TensorRT version (``built`` comes from the manifest)."""
+    if not built:
+        raise EngineContractError(
+            f"the manifest of {path} does not record the TensorRT version that built it; "
+            f"rebuild it with TensorRT {running}"
+        )
+    if built != running:
+        raise EngineContractError(
+            f"{path} was built by TensorRT {built}, and this server runs TensorRT {running}: a "
+            "plan loads only in the version that built it. Rebuild the engine in this image "
+            "(python -m builder build --engine tensorrt)"
+        )
+
+
+@dataclass(frozen=True)
+class IOTensor:
+    """One engine I/O tensor as TensorRT describes it, in plain values."""
+
+    name: str
+    is_input: bool
+    dtype: str  # TensorRT's DataType name: INT64, FLOAT, HALF, ...
+    rank: int
+
+
+def check_io_contract(tensors: Iterable[IOTensor], output_name: str) -> None:
+    """The runtime binds ids and mask as INT64 [B, T] and the output as FLOAT [B, D]."""
+    expected = {name: (True, "INT64") for name in ENGINE_INPUTS}
+    expected[output_name] = (False, "FLOAT")
+    seen: set[str] = set()
+    for tensor in tensors:
+        if tensor.name not in expected:
+            kind = "input" if tensor.is_input else "output"
+            raise EngineContractError(
+                f"engine {kind} tensor '{tensor.name}' is not one the runtime binds "
+                f"(expected {sorted(expected)})"
+            )
+        is_input, dtype = expected[tensor.name]
+        if tensor.is_input != is_input:
+            want = "an input" if is_input else "an output"
+            raise EngineContractError(f"engine tensor '{tensor.name}' must be {want}")
+        if tensor.dtype != dtype:
+            raise EngineContractError(
+                f"engine tensor '{tensor.name}' is {tensor.dtype}; the runtime binds {dtype}"
+            )
+        if tensor.rank != 2:
+            raise EngineContractError(
+                f"engine tensor '{tensor.name}' has rank {tensor.rank}; the runtime binds rank 2"
+            )
+        seen.add(tensor.name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise EngineContractError(f"engine tensor '{missing[0]}' is missing from the engine")
+
+
+def capture_all(
+    sizes: Iterable[tuple[int, int]],
+    capture: Callable[[int, int], object],
+    log: Callable[[str], None],
+) -> tuple[dict[tuple[int, int], object], list[tuple[int, int]]]:
+    """Captures every (profile, batch); returns the graphs and the sizes left to run eagerly.
+
+    ``capture`` raises when a size cannot be captured, after ending the capture and clearing
+    the CUDA error it left; that size then runs eagerly (the caller checks it still runs).
+    """
+    graphs: dict[tuple[int, int], object] = {}
+    eager: list[tuple[int, int]] = []
+    for profile, batch in sizes:
+        try:
+            graphs[(profile, batch)] = capture(profile, batch)
+        except Exception as err:
+            eager.append((profile, batch))
+            log(
+                f"profile {profile}, batch {batch}: CUDA-graph capture failed ({err}); "
+                "that size runs without a graph"
+            )
+    return graphs, eager

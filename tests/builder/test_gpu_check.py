@@ -1,0 +1,91 @@
+"""builder.gpu_check's comparison, driven on the CPU: ONNX Runtime on both sides must pass every
+phase; an engine wrong at one batch size of one bucket must fail exactly there."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from builder.gpu_check import check_engine, uncaptured_size
+from builder.spec import BuildError, BuildSpec
+from python_backend.engines import open_engine
+from python_backend.manifest import load_manifest
+from tests.builder.test_build import build_onnx
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, tiny_classifier_dir):
+    repo = tmp_path_factory.mktemp("gpu-check")
+    version = build_onnx(
+        repo,
+        tiny_classifier_dir,
+        "clf",
+        buckets=(8, 16),
+        max_length=40,
+        last_bucket=16,
+        max_batch=8,
+        token_budget=64,
+    ).version_dir
+    manifest = load_manifest(version)
+    # ONNX Runtime runs any shape; give the buckets the captured sizes a TensorRT build has
+    buckets = tuple(
+        replace(b, captured_batch_sizes=tuple(sorted({1, 2, b.max_rows}))) for b in manifest.buckets
+    )
+    return replace(manifest, buckets=buckets), version
+
+
+class WrongAt:
+    """The same engine, except one (rows, length) shape returns a corrupted first row."""
+
+    def __init__(self, engine, rows: int, length: int) -> None:
+        self.engine, self.layout, self.shape = engine, engine.layout, (rows, length)
+        self.output_name, self.output_dim = engine.output_name, engine.output_dim
+
+    def run(self, ids, mask):
+        out = self.engine.run(ids, mask)
+        if ids.shape == self.shape:
+            out[0] = -out[0]
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def test_matching_engines_pass_every_phase_at_every_size(classifier):
+    manifest, version = classifier
+    reference = open_engine(manifest, version)
+    results = check_engine(
+        open_engine(manifest, version), reference, manifest, 0.9999, np.random.default_rng(0)
+    )
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    assert {r.phase for r in results} == {"captured", "eager", "captured-again", "long-rows"}
+    for bucket in manifest.buckets:
+        for phase in ("captured", "captured-again"):
+            sizes = [r.batch for r in results if r.phase == phase and r.length == bucket.length]
+            assert sizes == list(bucket.captured_batch_sizes)
+    eager = {(r.length, r.batch) for r in results if r.phase == "eager"}
+    for bucket in manifest.buckets:
+        size = uncaptured_size(bucket.captured_batch_sizes, bucket.max_rows)
+        assert (bucket.length, size) in eager and size not in bucket.captured_batch_sizes
+    long_lengths = {r.length for r in results if r.phase == "long-rows"}
+    assert long_lengths == {17, 28, 40}
+
+
+def test_an_engine_wrong_at_one_size_fails_there_and_only_there(classifier):
+    manifest, version = classifier
+    bucket = manifest.buckets[1]
+    wrong = WrongAt(open_engine(manifest, version), 2, bucket.length)
+    results = check_engine(
+        wrong, open_engine(manifest, version), manifest, 0.999, np.random.default_rng(0)
+    )
+    failed = {(r.phase, r.length, r.batch) for r in results if not r.ok}
+    assert failed == {("captured", bucket.length, 2), ("captured-again", bucket.length, 2)}
+
+
+def test_gpus_are_refused_for_an_engine_that_serves_on_the_cpu():
+    with pytest.raises(BuildError, match="--gpus"):
+        BuildSpec(engine="onnxruntime", gpus=(0, 1)).validate()
+    with pytest.raises(BuildError, match="distinct"):
+        BuildSpec(engine="tensorrt", gpus=(0, 0)).validate()

@@ -1,0 +1,142 @@
+"""What the TensorRT runtime and builder decide at load, on stand-ins for TensorRT's objects: the
+version rule, the I/O contract, the capture fallback and the timing cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
+from python_backend.engines.tensorrt_checks import (
+    EngineContractError,
+    IOTensor,
+    capture_all,
+    check_io_contract,
+    require_built_by,
+)
+
+GOOD = [
+    IOTensor("input_ids", True, "INT64", 2),
+    IOTensor("attention_mask", True, "INT64", 2),
+    IOTensor("EMBEDDING", False, "FLOAT", 2),
+]
+
+
+def test_a_plan_from_another_tensorrt_is_refused_naming_both_versions():
+    require_built_by("10.16.1.11", "10.16.1.11", "model.plan")
+    with pytest.raises(EngineContractError) as err:
+        require_built_by("10.13.3.9", "10.16.1.11", "model.plan")
+    assert "10.13.3.9" in str(err.value) and "10.16.1.11" in str(err.value)
+    with pytest.raises(EngineContractError, match="does not record"):
+        require_built_by("", "10.16.1.11", "model.plan")
+
+
+def test_the_io_contract_accepts_exactly_what_the_runtime_binds():
+    check_io_contract(GOOD, "EMBEDDING")
+    check_io_contract(reversed(GOOD), "EMBEDDING")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ([GOOD[0], GOOD[1]], "'EMBEDDING' is missing"),
+        ([GOOD[0], GOOD[2]], "'attention_mask' is missing"),
+        ([*GOOD, IOTensor("token_type_ids", True, "INT64", 2)], "input tensor 'token_type_ids'"),
+        ([IOTensor("input_ids", True, "INT32", 2), GOOD[1], GOOD[2]], "'input_ids' is INT32"),
+        ([GOOD[0], GOOD[1], IOTensor("EMBEDDING", False, "HALF", 2)], "'EMBEDDING' is HALF"),
+        ([GOOD[0], GOOD[1], IOTensor("EMBEDDING", False, "FLOAT", 3)], "'EMBEDDING' has rank 3"),
+        ([GOOD[0], GOOD[1], IOTensor("EMBEDDING", True, "FLOAT", 2)], "must be an output"),
+        ([*GOOD[:2], IOTensor("LOGITS", False, "FLOAT", 2)], "output tensor 'LOGITS'"),
+    ],
+)
+def test_an_engine_that_breaks_the_io_contract_is_refused_naming_the_tensor(tensors, message):
+    with pytest.raises(EngineContractError) as err:
+        check_io_contract(tensors, "EMBEDDING")
+    assert message in str(err.value)
+
+
+def test_a_size_that_cannot_be_captured_runs_eagerly_and_the_rest_keep_their_graphs():
+    logged: list[str] = []
+
+    def capture(profile: int, batch: int) -> str:
+        if (profile, batch) == (1, 64):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return f"graph {profile}/{batch}"
+
+    sizes = [(0, 1), (0, 64), (1, 1), (1, 64)]
+    graphs, eager = capture_all(sizes, capture, logged.append)
+    assert graphs == {(0, 1): "graph 0/1", (0, 64): "graph 0/64", (1, 1): "graph 1/1"}
+    assert eager == [(1, 64)]
+    assert len(logged) == 1 and "profile 1, batch 64" in logged[0]
+    assert "not permitted" in logged[0]
+
+
+class FakeCache:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def serialize(self) -> bytes:
+        return self.data + b"+timings"
+
+
+class FakeBuilderConfig:
+    """IBuilderConfig's timing-cache calls, as TensorRT 10 behaves: a cache from another GPU is
+    created but refused by set_timing_cache (False); bytes that are no cache at all raise."""
+
+    def __init__(self) -> None:
+        self.cache: FakeCache | None = None
+
+    def create_timing_cache(self, data: bytes) -> FakeCache:
+        if data.startswith(b"garbage"):
+            raise RuntimeError("Deserialization failed")
+        return FakeCache(data)
+
+    def set_timing_cache(self, cache: FakeCache, ignore_mismatch: bool) -> bool:
+        assert ignore_mismatch is False, "a mismatched cache must never be used silently"
+        if cache.data.startswith(b"other-gpu"):
+            return False
+        self.cache = cache
+        return True
+
+    def get_timing_cache(self) -> FakeCache:
+        assert self.cache is not None
+        return self.cache
+
+
+@pytest.mark.parametrize(
+    ("stored", "outcome", "warned"),
+    [
+        (None, "fresh", False),
+        (b"this-gpu", "reused", False),
+        (b"other-gpu", "replaced", True),
+        (b"garbage", "replaced", True),
+    ],
+)
+def test_a_timing_cache_that_does_not_fit_starts_a_fresh_one(tmp_path, stored, outcome, warned):
+    path = tmp_path / "cache" / "timing.cache"
+    if stored is not None:
+        path.parent.mkdir()
+        path.write_bytes(stored)
+    config, logged = FakeBuilderConfig(), []
+    assert use_timing_cache(config, path, logged.append) == outcome
+    assert bool(logged) == warned
+    assert config.cache is not None
+    assert config.cache.data == (b"this-gpu" if outcome == "reused" else b"")
+    assert save_timing_cache(config, path, logged.append)
+    assert path.read_bytes() == config.cache.data + b"+timings"
+
+
+def test_a_timing_cache_that_cannot_be_saved_is_logged_not_raised(tmp_path):
+    config, logged = FakeBuilderConfig(), []
+    use_timing_cache(config, tmp_path / "t.cache", logged.append)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert not save_timing_cache(config, blocker / "t.cache", logged.append)
+    assert len(logged) == 1 and "not saved" in logged[0]
+
+
+def test_files_are_replaced_whole(tmp_path):
+    path = tmp_path / "model.plan"
+    write_atomically(path, b"old")
+    write_atomically(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.plan"]
