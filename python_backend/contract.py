@@ -63,6 +63,12 @@ class ErrorKind(str, Enum):
         return _TRITON_CODES[self]
 
 
+# how long a stopping model instance keeps answering what it queued (finalize), on top of
+# Triton's own exit timeout; deployments size their grace periods from both
+SHUTDOWN_DRAIN_S = 30.0
+# the metric the autoscalers scale on: rows waiting in one instance's queue (a gauge)
+QUEUE_DEPTH_METRIC = "planner_queue_rows"
+
 _TRITON_CODES = {
     ErrorKind.INVALID: "INVALID_ARG",
     ErrorKind.QUEUE_FULL: "UNAVAILABLE",

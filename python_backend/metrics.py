@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from python_backend.contract import QUEUE_DEPTH_METRIC
 from python_backend.scheduler import SchedulerMetrics
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -55,7 +56,7 @@ class TritonMetrics(SchedulerMetrics):
         base = {"model": model_name, "instance": self._instance}
         # Triton requires every MetricFamily to outlive its Metrics: all are kept on self
         self._queue_family = mf(
-            name="planner_queue_rows",
+            name=QUEUE_DEPTH_METRIC,
             description="Rows waiting in the model's own queue",
             kind=mf.GAUGE,
         )

@@ -16,7 +16,12 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from python_backend.contract import NUM_TOKENS_OUTPUT, REQUEST_INPUTS, ErrorKind
+from python_backend.contract import (
+    NUM_TOKENS_OUTPUT,
+    REQUEST_INPUTS,
+    SHUTDOWN_DRAIN_S,
+    ErrorKind,
+)
 from python_backend.cost_models import LinearCost
 from python_backend.decoding import Limits, RequestError, decode_request, parse_options
 from python_backend.engines import open_engine
@@ -26,8 +31,6 @@ from python_backend.metrics import TritonMetrics
 from python_backend.scheduler import Answer, Outcome, Request, Scheduler
 from python_backend.settings import settings_from_parameters
 from python_backend.tokenization import TextTokenizer
-
-SHUTDOWN_DRAIN_S = 30.0
 
 
 def _error_response(message: str, code_name: str) -> Any:

@@ -1,0 +1,191 @@
+"""deploy/k8s: every manifest validates against the Kubernetes schemas offline, and the pieces
+refer to one another correctly (selectors, ports, probes, the autoscaler's metric, drain time)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from python_backend.contract import QUEUE_DEPTH_METRIC, SHUTDOWN_DRAIN_S
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+KUBERNETES_VERSION = "1.37.0"
+# custom resources have no schema in kubernetes-validate: checked by the cross-references below
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def documents() -> list[tuple[str, dict]]:
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    out = []
+    for name in listed:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            if doc:
+                out.append((name, doc))
+    return out
+
+
+def one(kind: str) -> dict:
+    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+    return doc
+
+
+def containers(pod: dict, init: bool = False) -> dict[str, dict]:
+    return {c["name"]: c for c in pod["initContainers" if init else "containers"]}
+
+
+def pod_spec() -> dict:
+    return one("Deployment")["spec"]["template"]["spec"]
+
+
+def pod_labels() -> dict:
+    return one("Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_kustomization_lists_every_manifest_in_the_folder():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def builtin(docs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    return [(n, d) for n, d in docs if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [d for _, d in builtin(documents())],
+    ids=[f"{n}:{d['kind']}" for n, d in builtin(documents())],
+)
+def test_every_manifest_validates_against_the_kubernetes_schemas(doc):
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_custom_resources_are_only_the_known_ones():
+    custom = {(d["apiVersion"], d["kind"]) for _, d in documents()} - {
+        (d["apiVersion"], d["kind"]) for _, d in builtin(documents())
+    }
+    assert custom == CUSTOM_KINDS
+
+
+def test_an_invalid_manifest_is_caught_by_the_validation():
+    broken = yaml.safe_load(yaml.safe_dump(one("Deployment")))
+    broken["spec"]["template"]["spec"]["containers"][0]["ports"] = [{"containerPort": "http"}]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_selectors_match_the_pod_labels():
+    labels = pod_labels()
+    deployment = one("Deployment")
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert one("Service")["spec"]["selector"].items() <= labels.items()
+    assert one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    monitor = one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert monitor.items() <= one("Service")["metadata"]["labels"].items()
+    target = one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+
+
+def test_service_ports_reach_the_front_door_and_never_triton():
+    door = containers(pod_spec())["front-door"]
+    named = {p["name"]: p["containerPort"] for p in door["ports"]}
+    service_ports = one("Service")["spec"]["ports"]
+    assert {p["targetPort"] for p in service_ports} <= set(named)
+    endpoint = one("ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in service_ports}
+    policy_ports = {
+        p["port"] for rule in one("NetworkPolicy")["spec"]["ingress"] for p in rule["ports"]
+    }
+    assert policy_ports == set(named)
+    # Triton listens on the pod's loopback, on ports no container publishes
+    triton = containers(pod_spec())["triton"]
+    assert "--triton-address=127.0.0.1" in triton["command"]
+    assert "ports" not in triton
+    triton_ports = {e["name"]: e["value"] for e in triton["env"] if e["name"].endswith("_PORT")}
+    door_env = {e["name"]: e.get("value") for e in door["env"]}
+    for kind in ("HTTP", "GRPC", "METRICS"):
+        assert (
+            door_env[f"TRITON_{kind}_ADDRESS"] == f"127.0.0.1:{triton_ports[f'TRITON_{kind}_PORT']}"
+        )
+    assert set(named.values()).isdisjoint(int(v) for v in triton_ports.values())
+
+
+def test_the_front_door_renders_the_template_every_deployment_renders():
+    from tools.front_door import TEMPLATE
+
+    door = containers(pod_spec())["front-door"]
+    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
+    assert named == {e["name"] for e in door["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in door["volumeMounts"]}
+    copy = " ".join(containers(pod_spec(), init=True)["front-door-files"]["command"])
+    assert f"/app/{TEMPLATE.relative_to(ROOT)}" in copy
+    assert mounts["/etc/nginx/templates"] == "front-door-templates"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert door["image"] == compose["services"]["front-door"]["image"]
+    api_key = next(e for e in door["env"] if e["name"] == "API_KEY")
+    assert api_key["valueFrom"]["secretKeyRef"]["optional"] is True, "no default credentials"
+
+
+def test_probes_follow_the_served_models_own_ready_route_through_the_door():
+    spec = pod_spec()
+    triton, door = containers(spec)["triton"], containers(spec)["front-door"]
+    model = triton["command"][triton["command"].index("--model=minilm")].split("=", 1)[1]
+    build = containers(spec, init=True)["build-engines"]["command"]
+    assert f"--name={model}" in build
+    for probe in ("startupProbe", "readinessProbe"):
+        assert door[probe]["httpGet"] == {"path": f"/v2/models/{model}/ready", "port": "http"}
+    assert door["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+
+
+def test_the_grace_period_covers_the_drain():
+    spec = pod_spec()
+    triton, door = containers(spec)["triton"], containers(spec)["front-door"]
+    pre_stop = int(triton["lifecycle"]["preStop"]["exec"]["command"][-1])
+    exit_timeout = int(next(e["value"] for e in triton["env"] if e["name"] == "EXIT_TIMEOUT_S"))
+    needed = pre_stop + exit_timeout + SHUTDOWN_DRAIN_S
+    assert spec["terminationGracePeriodSeconds"] >= needed
+    # the door outlives Triton's drain, so answers still reach their clients
+    assert int(door["lifecycle"]["preStop"]["exec"]["command"][-1]) >= pre_stop + exit_timeout
+
+
+def test_the_autoscaler_scales_on_a_metric_the_model_exports():
+    (metric,) = one("HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    name = metric["pods"]["metric"]["name"]
+    rules = yaml.safe_load(one("ConfigMap")["data"]["config.yaml"])["rules"]
+    (rule,) = [r for r in rules if r["name"]["as"] == name]
+    assert rule["seriesQuery"].startswith(f"{QUEUE_DEPTH_METRIC}{{")
+    assert re.fullmatch(rule["name"]["matches"], QUEUE_DEPTH_METRIC)
+    # per pod: the instances' queues add up (each carries its own instance label)
+    assert rule["metricsQuery"].startswith("sum(")
+    metrics_source = (ROOT / "python_backend" / "metrics.py").read_text()
+    assert "name=QUEUE_DEPTH_METRIC" in metrics_source
+
+
+def test_gpus_images_and_users():
+    spec = pod_spec()
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    release = compose["x-release"]["NGC_RELEASE"]
+    for container in [*containers(spec).values(), *containers(spec, init=True).values()]:
+        if container["image"].startswith("triton-batch-planner"):
+            assert container["image"] == f"triton-batch-planner:{release}"
+    for name in ("triton",):
+        assert containers(spec)[name]["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert containers(spec, init=True)["build-engines"]["resources"]["limits"]["nvidia.com/gpu"]
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\d+)$", dockerfile, re.M)
+    assert spec["securityContext"]["runAsUser"] == int(user)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    pvc = one("PersistentVolumeClaim")["metadata"]["name"]
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in spec["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == [pvc]
