@@ -1,0 +1,106 @@
+"""Several model instances on one Triton (one per GPU on a node): how Triton spreads requests
+across instances whose ``execute`` returns at once, measured on the real server.
+
+    python -m bench.instances [--instances 1,2,4] [--concurrency 64] [--table table:a30]
+
+Each instance runs the project's queue and planner over the bench-only emulated engine
+(bench/emulated_engine.py: a forward takes the GPU table's time and computes nothing), so N
+instances stand for N GPUs without sharing this machine's two cores for forwards. perf_analyzer
+drives the model at one concurrency; the per-instance metrics (the ``instance`` label) then say
+how many rows and forwards each instance took. Triton's scheduler does not look at an instance's
+kind, so KIND_CPU instances here spread requests as KIND_GPU instances do on a node.
+
+Prints, per instance count: rows/s, p50 and p99, each instance's share of the rows, and rows per
+forward (what splitting one queue into N costs the planner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
+from bench.serving import ROOT, build_repository, measure, warm_up
+from builder.triton_config import add_model_variant, write_config
+from tools.triton_server import TritonServer, free_port
+
+
+def by_instance(metrics_url: str, name: str, model: str) -> dict[str, float]:
+    """Sum of a counter per instance label, for one model, from Prometheus text."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    totals: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        if not line.startswith(name + "{") or f'model="{model}"' not in line:
+            continue
+        labels, value = line.rsplit(" ", 1)
+        instance = re.search(r'instance="([^"]+)"', labels)
+        totals[instance.group(1) if instance else "?"] += float(value)
+    return dict(totals)
+
+
+def run(instances: int, repository: Path, table: str, concurrency: int, tmp: Path, ms: int):
+    model = f"emulated_x{instances}"
+    config = add_model_variant(repository, "planner_dp", model, model_py=EMULATED_MODEL_PY)
+    config.instance_group[0].count = instances
+    write_config(config, repository / model)
+    (repository / model / "1" / TABLE_FILE).write_text(table + "\n")
+    server = TritonServer(
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        log_path=tmp / f"triton-{model}.log",
+        extra_args=[f"--load-model={model}", "--model-control-mode=explicit"],
+    )
+    with server:
+        warm_up(server, tmp, (model,), concurrency)
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        rows_before = by_instance(url, "planner_rows_total", model)
+        forwards_before = by_instance(url, "planner_forwards_total", model)
+        row, stable = measure(model, server.grpc_url, concurrency, tmp, ms)
+        time.sleep(0.6)  # the instances publish their metrics every 0.25 s
+        rows = by_instance(url, "planner_rows_total", model)
+        forwards = by_instance(url, "planner_forwards_total", model)
+    rows = {k: v - rows_before.get(k, 0.0) for k, v in rows.items()}
+    forwards = {k: v - forwards_before.get(k, 0.0) for k, v in forwards.items()}
+    return row, stable, rows, forwards
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", default="1,2,4")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--table", default="table:a30", help="the emulated forward time")
+    parser.add_argument("--measurement-ms", type=int, default=8000)
+    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    args = parser.parse_args(argv)
+    repository, _ = build_repository(args.repository, rebuild=False)
+    print(
+        f"{'instances':>9} {'rows/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'rows share per instance':>28} {'rows/forward':>12}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for count in (int(x) for x in args.instances.split(",")):
+            row, stable, rows, forwards = run(
+                count, repository, args.table, args.concurrency, Path(tmp), args.measurement_ms
+            )
+            total = sum(rows.values()) or 1.0
+            shares = " ".join(f"{rows[k] / total:.2f}" for k in sorted(rows))
+            per_forward = sum(rows.values()) / max(sum(forwards.values()), 1.0)
+            print(
+                f"{count:>9} {row['Inferences/Second']:>8.1f} {row['p50 latency'] / 1e3:>7.1f} "
+                f"{row['p99 latency'] / 1e3:>7.1f} {shares:>28} {per_forward:>12.1f}"
+                + ("" if stable else "  (unstable)"),
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
