@@ -89,3 +89,15 @@ def test_gpus_are_refused_for_an_engine_that_serves_on_the_cpu():
         BuildSpec(engine="onnxruntime", gpus=(0, 1)).validate()
     with pytest.raises(BuildError, match="distinct"):
         BuildSpec(engine="tensorrt", gpus=(0, 0)).validate()
+
+
+def test_the_build_command_line_takes_the_gpus_to_put_instances_on():
+    import argparse
+
+    from builder.spec import add_cli_args, from_cli_args
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    spec = from_cli_args(parser.parse_args(["--engine", "tensorrt", "--gpus", "0,2,3"]))
+    assert spec.validate().gpus == (0, 2, 3)
+    assert from_cli_args(parser.parse_args([])).gpus is None
