@@ -210,6 +210,7 @@ def front_door_comparison(
         triton_http_address=f"127.0.0.1:{server.http_port}",
         triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
         triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
+        openai_address=f"127.0.0.1:{free_port()}",  # no adapter: /v1 is not measured here
         public_address="127.0.0.1",
         http_port=free_port(),
         grpc_port=free_port(),

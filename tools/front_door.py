@@ -59,6 +59,7 @@ class FrontDoorSettings:
     triton_http_address: str  # host:port of Triton's own HTTP server (loopback or internal)
     triton_grpc_address: str
     triton_metrics_address: str
+    openai_address: str  # host:port of the OpenAI-compatible adapter (openai_api), served at /v1
     public_address: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -112,6 +113,7 @@ class FrontDoorSettings:
             "TRITON_HTTP_ADDRESS": self.triton_http_address,
             "TRITON_GRPC_ADDRESS": self.triton_grpc_address,
             "TRITON_METRICS_ADDRESS": self.triton_metrics_address,
+            "OPENAI_ADDRESS": self.openai_address,
             "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
             "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",
             "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",

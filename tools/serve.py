@@ -14,8 +14,10 @@
   every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
   and the requests the dead stub held end with an error). Triton or nginx exiting on their own
   ends this launcher with code 1 and a message; nothing of either is left running.
+- The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
+  front door serves it at /v1 on the public HTTP port. If it exits, the launcher stops too.
 - `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
-  deployment, whose front door is a container of its own.
+  deployment, whose front door and adapter are containers of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.front_door import FrontDoor, FrontDoorError, FrontDoorSettings, check_api_key, random_key
-from tools.triton_server import ROOT, TritonServer
+from tools.triton_server import ROOT, TritonServer, answers_ok, set_parent_death_signal
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
@@ -118,6 +121,7 @@ class ServeSettings:
     triton_grpc_port: int = 18001
     triton_metrics_port: int = 18002
     front_door: FrontDoorSettings | None = None
+    openai_port: int | None = None  # the adapter's port on loopback; None: no adapter
     admin_key: str = ""
     probe_interval_s: float = 2.0
     probe_timeout_s: float = 10.0
@@ -133,6 +137,7 @@ class Launcher:
         self.admin_key = settings.admin_key or random_key()
         self.triton: TritonServer | None = None
         self.front_door: FrontDoor | None = None
+        self.adapter: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.restarts = 0
         self.expected_stubs: set[int] = set()
@@ -222,6 +227,8 @@ class Launcher:
             f"  curl -s localhost:{door.http_port}/v2/models/{model}/infer{auth} -d "
             '\'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],'
             '"data":["Triton plans its own batches"]}]}\'\n'
+            f"  curl -s localhost:{door.http_port}/v1/embeddings{auth} -H 'Content-Type: "
+            f'application/json\' -d \'{{"model":"{model}","input":"hello"}}\'\n'
             "Ctrl-C stops it."
         )
 
@@ -234,6 +241,8 @@ class Launcher:
         try:
             if not self.start_triton():
                 return 0
+            if self.settings.openai_port is not None:
+                self.start_adapter(self.settings.openai_port)
             if self.settings.front_door is not None:
                 self.front_door = FrontDoor(
                     self.settings.front_door, self.settings.state_dir / "nginx"
@@ -256,6 +265,12 @@ class Launcher:
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
                 return 1
+            if self.adapter is not None and self.adapter.poll() is not None:
+                self.log(
+                    f"the OpenAI adapter exited unexpectedly (code {self.adapter.returncode}); "
+                    f"its log is {self.settings.state_dir / 'openai.log'}; stopping everything"
+                )
+                return 1
             if time.monotonic() >= next_probe:
                 reason = self.unhealthy_reason()
                 if reason is not None and not self.stopping:
@@ -263,10 +278,39 @@ class Launcher:
                 next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
 
+    def start_adapter(self, port: int) -> None:
+        """The OpenAI-compatible adapter on loopback, talking to Triton's gRPC port."""
+        s = self.settings
+        log = open(s.state_dir / "openai.log", "wb")  # noqa: SIM115 - the child holds it
+        command = [sys.executable, "-m", "openai_api", f"--listen=127.0.0.1:{port}"]
+        command += [f"--triton-grpc=127.0.0.1:{s.triton_grpc_port}"]
+        command += [f"--model={m}" for m in s.models]
+        self.adapter = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=set_parent_death_signal,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while not answers_ok(f"http://127.0.0.1:{port}/health"):
+            if self.adapter.poll() is not None or time.monotonic() > deadline:
+                tail = (s.state_dir / "openai.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"the OpenAI adapter did not start; its log ends:\n{tail}")
+            time.sleep(0.1)
+
     def shutdown(self) -> None:
         # the front door first: no new requests, then Triton answers what it holds
         if self.front_door is not None:
             self.front_door.stop()
+        if self.adapter is not None and self.adapter.poll() is None:
+            self.adapter.terminate()
+            try:
+                self.adapter.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.adapter.kill()
         if self.triton is not None:
             self.triton.stop()
 
@@ -302,7 +346,9 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
         env_int("TRITON_METRICS_PORT", 18002),
     )
     front_door = None
+    openai_port = None
     if not args.no_front_door:
+        openai_port = env_int("OPENAI_PORT", 18003)
         if args.triton_address in ("0.0.0.0", "::"):
             sys.exit("behind the front door, Triton listens on loopback: drop --triton-address")
         try:
@@ -310,6 +356,7 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
                 triton_http_address=f"{args.triton_address}:{http}",
                 triton_grpc_address=f"{args.triton_address}:{grpc}",
                 triton_metrics_address=f"{args.triton_address}:{metrics}",
+                openai_address=f"127.0.0.1:{openai_port}",
                 http_port=env_int("HTTP_PORT", 8000),
                 grpc_port=env_int("GRPC_PORT", 8001),
                 metrics_port=env_int("METRICS_PORT", 8002),
@@ -325,6 +372,7 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
         triton_grpc_port=grpc,
         triton_metrics_port=metrics,
         front_door=front_door,
+        openai_port=openai_port,
         admin_key=admin_key,
         probe_interval_s=env_float("PROBE_INTERVAL_S", 2.0),
         probe_timeout_s=env_float("PROBE_TIMEOUT_S", 10.0),

@@ -49,6 +49,8 @@ def repository(tmp_path_factory) -> Path:
     add_model_variant(repo, "minilm", "minilm_faults")
     write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
+    # for the OpenAI adapter: a model that declares the sizes `dimensions` may ask for
+    add_model_variant(repo, "minilm", "minilm_matryoshka", {"matryoshka_dimensions": "128,256"})
     return repo
 
 
@@ -117,7 +119,12 @@ def stack(repository, tmp_path_factory):
     """The deployment as `make serve` runs it, with an API key and short limits."""
     from tests.e2e.stack import API_KEY, Stack
 
-    own = Stack(repository, tmp_path_factory.mktemp("stack"), {"API_KEY": API_KEY})
+    own = Stack(
+        repository,
+        tmp_path_factory.mktemp("stack"),
+        {"API_KEY": API_KEY},
+        models=("minilm", "minilm_matryoshka"),
+    )
     _LOGS.append(own.log_path)
     own.start()
     yield own

@@ -41,7 +41,15 @@ class Stack:
     process: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
-        names = ("HTTP", "GRPC", "METRICS", "TRITON_HTTP", "TRITON_GRPC", "TRITON_METRICS")
+        names = (
+            "HTTP",
+            "GRPC",
+            "METRICS",
+            "TRITON_HTTP",
+            "TRITON_GRPC",
+            "TRITON_METRICS",
+            "OPENAI",
+        )
         self.ports = {name: free_port() for name in names}
 
     @property

@@ -77,8 +77,20 @@ def test_the_front_door_renders_the_template_make_serve_renders(compose):
     # the image's envsubst replaces only names set in its environment: every one must be
     named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
     assert named == set(door["environment"])
-    example = FrontDoorSettings("t:1", "t:2", "t:3").template_values()
+    example = FrontDoorSettings("t:1", "t:2", "t:3", "t:4").template_values()
     assert named == set(example)
+
+
+def test_the_openai_adapter_is_internal_and_behind_the_door(compose):
+    adapter = compose["services"]["openai-api"]
+    assert set(adapter["networks"]) == {"internal"} and not adapter.get("ports")
+    listen = next(a for a in adapter["command"] if a.startswith("--listen="))
+    port = listen.rsplit(":", 1)[1]
+    door = compose["services"]["front-door"]
+    assert door["environment"]["OPENAI_ADDRESS"] == f"openai-api:{port}"
+    assert "--triton-grpc=" + door["environment"]["TRITON_GRPC_ADDRESS"] in adapter["command"]
+    assert door["depends_on"]["openai-api"]["condition"] == "service_healthy"
+    assert adapter["image"] == compose["services"]["triton"]["image"]
 
 
 def test_triton_runs_under_the_watchdog_with_an_admin_key_never_defaulted(compose):

@@ -114,6 +114,11 @@ def test_service_ports_reach_the_front_door_and_never_triton():
             door_env[f"TRITON_{kind}_ADDRESS"] == f"127.0.0.1:{triton_ports[f'TRITON_{kind}_PORT']}"
         )
     assert set(named.values()).isdisjoint(int(v) for v in triton_ports.values())
+    # the OpenAI adapter: on loopback too, talking to Triton's gRPC port, served by the door
+    adapter = containers(pod_spec())["openai-api"]["command"]
+    assert f"--listen={door_env['OPENAI_ADDRESS']}" in adapter
+    assert f"--triton-grpc={door_env['TRITON_GRPC_ADDRESS']}" in adapter
+    assert door_env["OPENAI_ADDRESS"].startswith("127.0.0.1:")
 
 
 def test_the_front_door_renders_the_template_every_deployment_renders():

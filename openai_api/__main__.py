@@ -1,0 +1,38 @@
+"""python -m openai_api --triton-grpc 127.0.0.1:18001 --listen 127.0.0.1:18003 --model minilm"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import uvicorn
+
+from openai_api.app import create_app
+from openai_api.backend import TritonBackend
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the OpenAI-compatible adapter in front of Triton")
+    parser.add_argument("--triton-grpc", default="127.0.0.1:18001", help="Triton's gRPC host:port")
+    parser.add_argument("--listen", default="127.0.0.1:18003", help="host:port to serve on")
+    parser.add_argument(
+        "--model", action="append", required=True, help="a served model it answers for (repeatable)"
+    )
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for Triton")
+    args = parser.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    app = create_app(TritonBackend(args.triton_grpc, args.model, args.timeout_s))
+    uvicorn.run(
+        app,
+        host=host or "127.0.0.1",
+        port=int(port),
+        log_level="warning",
+        access_log=False,
+        # the front door keeps its upstream connections open; outlive its keepalive
+        timeout_keep_alive=75,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

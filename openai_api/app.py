@@ -1,0 +1,95 @@
+"""The routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, and
+``GET /health`` for the launcher (the front door does not pass it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from openai_api.backend import TritonBackend, check_dimensions
+from openai_api.errors import OpenAIError, bad_request, error_body
+from openai_api.protocol import embeddings_response, model_card, parse_embeddings, shorten
+
+
+def create_app(backend: TritonBackend) -> Starlette:
+    async def embeddings(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise bad_request(f"the request body is not valid JSON: {err}") from None
+        query = parse_embeddings(body)
+        info = await backend.info(query.model)
+        if not info.embeds:
+            raise bad_request(
+                f"model `{info.name}` does not serve embeddings (it answers {info.output_name})",
+                param="model",
+            )
+        check_dimensions(info, query.dimensions)
+        vectors, tokens = await backend.embed(info, query.texts, query.token_rows)
+        if query.dimensions is not None and query.dimensions != info.output_dim:
+            vectors = shorten(vectors, query.dimensions)
+        return JSONResponse(
+            embeddings_response(query.model, vectors, query.encoding_format, tokens)
+        )
+
+    async def models(request: Request) -> Response:
+        ready = await backend.ready_models()
+        return JSONResponse(
+            {"object": "list", "data": [model_card(m.name, m.created) for m in ready]}
+        )
+
+    async def model(request: Request) -> Response:
+        info = await backend.info(request.path_params["model"])
+        return JSONResponse(model_card(info.name, info.created))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def openai_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OpenAIError)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        return JSONResponse(
+            error_body(f"internal error: {exc!r}", kind="server_error"), status_code=500
+        )
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse(
+            error_body(f"no route {request.method} {request.url.path}"), status_code=404
+        )
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return JSONResponse(
+            error_body(f"method {request.method} is not allowed on {request.url.path}"),
+            status_code=405,
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await backend.close()
+
+    handlers: dict[Any, Any] = {
+        OpenAIError: openai_error,
+        404: not_found,
+        405: not_allowed,
+        Exception: unexpected,
+    }
+    return Starlette(
+        routes=[
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model}", model, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )

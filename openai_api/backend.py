@@ -1,0 +1,168 @@
+"""The Triton side: a served model's config read once, inputs split into requests the model
+takes (at most its ``max_batch_size`` rows each), sent concurrently over gRPC, answered in input
+order. The model's planner merges the pieces again into its own forwards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
+from python_backend.contract import FAMILY_OUTPUTS, NUM_TOKENS_OUTPUT, REQUEST_INPUTS
+
+EMBEDDING_OUTPUT = FAMILY_OUTPUTS["embedding"]
+# a model config parameter: the vector sizes `dimensions` may ask for (comma-separated), for
+# models trained to be shortened (Matryoshka); without it, `dimensions` is refused
+DIMENSIONS_PARAMETER = "matryoshka_dimensions"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    output_name: str
+    output_dim: int
+    max_rows: int  # rows one request takes (the config's max_batch_size)
+    dimensions: tuple[int, ...]  # sizes `dimensions` may ask for; empty: none
+    created: int  # when the adapter first saw it (OpenAI's `created`)
+
+    @property
+    def embeds(self) -> bool:
+        return self.output_name == EMBEDDING_OUTPUT
+
+
+def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
+    output = config["output"][0]
+    raw = config.get("parameters", {}).get(DIMENSIONS_PARAMETER, {}).get("string_value", "")
+    dimensions = tuple(sorted({int(x) for x in raw.replace(" ", "").split(",") if x}))
+    return ModelInfo(
+        name=config["name"],
+        output_name=output["name"],
+        output_dim=int(output["dims"][0]),
+        max_rows=int(config.get("max_batch_size") or 1),
+        dimensions=dimensions,
+        created=created,
+    )
+
+
+class TritonBackend:
+    """One gRPC channel to Triton, shared by every request of the adapter."""
+
+    def __init__(self, url: str, models: list[str], timeout_s: float = 60.0) -> None:
+        self.url = url
+        self.models = list(models)
+        self.timeout_s = timeout_s
+        self._client: grpcclient.InferenceServerClient | None = None
+        self._info: dict[str, ModelInfo] = {}
+
+    @property
+    def client(self) -> grpcclient.InferenceServerClient:
+        if self._client is None:  # made inside the running event loop
+            self._client = grpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def info(self, model: str) -> ModelInfo:
+        """The served model's facts; a model this adapter does not serve is a 404."""
+        if model not in self.models:
+            raise model_not_found(model)
+        known = self._info.get(model)
+        if known is not None:
+            return known
+        try:
+            config = await self.client.get_model_config(model, as_json=True)
+        except InferenceServerException as err:
+            if "StatusCode.NOT_FOUND" in str(err.status()) or "unknown model" in str(err):
+                raise model_not_found(model) from None
+            raise from_triton(err.status(), err.message()) from None
+        info = model_info_from_config(config["config"], int(time.time()))
+        self._info[model] = info
+        return info
+
+    async def ready_models(self) -> list[ModelInfo]:
+        out = []
+        for model in self.models:
+            try:
+                if await self.client.is_model_ready(model):
+                    out.append(await self.info(model))
+            except (InferenceServerException, OpenAIError):
+                continue
+        return out
+
+    async def embed(
+        self, info: ModelInfo, texts: list[str] | None, token_rows: list[list[int]] | None
+    ) -> tuple[np.ndarray, int]:
+        """[inputs, D] float32 in input order, and the tokens the model ran."""
+        items: list[Any] = texts if texts is not None else list(token_rows or [])
+        starts = range(0, len(items), info.max_rows)
+        parts = await asyncio.gather(
+            *(self._infer(info, items[a : a + info.max_rows], texts is not None, a) for a in starts)
+        )
+        vectors = np.concatenate([p[0] for p in parts], axis=0)
+        return vectors, int(sum(p[1] for p in parts))
+
+    async def _infer(
+        self, info: ModelInfo, rows: list[Any], as_text: bool, offset: int
+    ) -> tuple[np.ndarray, int]:
+        text_name, ids_name, mask_name = REQUEST_INPUTS
+        if as_text:
+            data = np.array([[t.encode("utf-8")] for t in rows], dtype=np.object_)
+            text = grpcclient.InferInput(text_name, list(data.shape), "BYTES")
+            text.set_data_from_numpy(data)
+            inputs = [text]
+        else:
+            longest = max(len(r) for r in rows)
+            ids = np.zeros((len(rows), longest), dtype=np.int64)
+            mask = np.zeros((len(rows), longest), dtype=np.int64)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = row
+                mask[i, : len(row)] = 1
+            inputs = [
+                grpcclient.InferInput(ids_name, list(ids.shape), "INT64"),
+                grpcclient.InferInput(mask_name, list(mask.shape), "INT64"),
+            ]
+            inputs[0].set_data_from_numpy(ids)
+            inputs[1].set_data_from_numpy(mask)
+        outputs = [
+            grpcclient.InferRequestedOutput(info.output_name),
+            grpcclient.InferRequestedOutput(NUM_TOKENS_OUTPUT),
+        ]
+        try:
+            result = await self.client.infer(
+                info.name, inputs, outputs=outputs, client_timeout=self.timeout_s
+            )
+        except InferenceServerException as err:
+            where = (
+                f"inputs {offset}..{offset + len(rows) - 1}: " if offset or len(rows) > 1 else ""
+            )
+            raise from_triton(err.status(), err.message(), where) from None
+        vectors = result.as_numpy(info.output_name)
+        tokens = result.as_numpy(NUM_TOKENS_OUTPUT)
+        if vectors is None or tokens is None or vectors.shape[0] != len(rows):
+            raise OpenAIError(500, "the model answered without its outputs", kind="server_error")
+        return vectors, int(tokens.sum())
+
+
+def check_dimensions(info: ModelInfo, dimensions: int | None) -> None:
+    if dimensions is None or dimensions == info.output_dim:
+        return
+    if not info.dimensions:
+        raise bad_request(
+            f"model `{info.name}` does not support `dimensions`: its vectors have "
+            f"{info.output_dim} dimensions",
+            param="dimensions",
+        )
+    if dimensions not in info.dimensions:
+        allowed = ", ".join(str(d) for d in info.dimensions)
+        raise bad_request(
+            f"model `{info.name}` allows `dimensions` of {allowed}, not {dimensions}",
+            param="dimensions",
+        )

@@ -1,0 +1,117 @@
+"""OpenAI's embeddings request and response, as plain data: every check names the field.
+
+``input`` is a string, a list of strings, a list of token ids (one input), or a list of
+token-id lists; ``encoding_format`` is ``float`` or ``base64`` (little-endian float32, as
+OpenAI's clients decode it); ``dimensions`` shortens each vector, then renormalises it, and only
+for models that declare the sizes they allow.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from openai_api.errors import bad_request
+
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+ENCODINGS = ("float", "base64")
+
+
+@dataclass(frozen=True)
+class EmbeddingsQuery:
+    model: str
+    texts: list[str] | None  # text inputs, or
+    token_rows: list[list[int]] | None  # token-id inputs (already prompted, if at all)
+    encoding_format: str
+    dimensions: int | None
+
+    @property
+    def count(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_rows or [])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_embeddings(body: Any) -> EmbeddingsQuery:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` is required: the name of a served model", param="model")
+    raw = body.get("input")
+    texts: list[str] | None = None
+    token_rows: list[list[int]] | None = None
+    if isinstance(raw, str):
+        texts = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
+        texts = list(raw)
+    elif isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
+        token_rows = [list(raw)]
+    elif isinstance(raw, list) and raw and all(isinstance(x, list) for x in raw):
+        for i, row in enumerate(raw):
+            if not row or not all(_is_int(t) for t in row):
+                raise bad_request(
+                    f"`input[{i}]` must be a non-empty list of token ids (integers)", param="input"
+                )
+        token_rows = [list(row) for row in raw]
+    else:
+        raise bad_request(
+            "`input` must be a string, a non-empty list of strings, a list of token ids, or a "
+            "list of token-id lists",
+            param="input",
+        )
+    count = len(texts) if texts is not None else len(token_rows or [])
+    if count > MAX_INPUTS:
+        raise bad_request(f"`input` has {count} items; at most {MAX_INPUTS}", param="input")
+    if texts is not None:
+        for i, text in enumerate(texts):
+            if not text:
+                raise bad_request(f"`input[{i}]` is an empty string", param="input")
+    encoding = body.get("encoding_format", "float")
+    if encoding is None:
+        encoding = "float"
+    if encoding not in ENCODINGS:
+        raise bad_request(
+            f"`encoding_format` must be one of {', '.join(ENCODINGS)}, got {encoding!r}",
+            param="encoding_format",
+        )
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (not _is_int(dimensions) or dimensions < 1):
+        raise bad_request("`dimensions` must be a positive integer", param="dimensions")
+    return EmbeddingsQuery(model, texts, token_rows, encoding, dimensions)
+
+
+def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:
+    """The first ``dimensions`` of each vector, scaled back to unit length (Matryoshka)."""
+    head = vectors[:, :dimensions].astype(np.float32, copy=True)
+    norms = np.linalg.norm(head, axis=1, keepdims=True)
+    return head / np.maximum(norms, 1e-12)
+
+
+def encode_vector(vector: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.astype(np.float32).tolist()
+
+
+def embeddings_response(
+    model: str, vectors: np.ndarray, encoding: str, prompt_tokens: int
+) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode_vector(v, encoding)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def model_card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "triton-batch-planner"}

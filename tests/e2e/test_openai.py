@@ -1,0 +1,177 @@
+"""The OpenAI API at /v1 through the front door, driven by the official `openai` client: the
+answers equal KServe's for the same rows, in input order, with usage from the model's own token
+counts; errors in OpenAI's shape, with the right status."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+
+from openai_api.protocol import shorten
+from testkit.triton_clients import client, infer, text_inputs
+from tests.e2e.stack import API_KEY
+
+TEXTS = [
+    "Triton plans its own batches.",
+    "A much longer row, so that the two inputs fall into different length buckets and the "
+    "planner has to decide whether they share a forward or not, which it does by cost.",
+    "short",
+]
+
+
+@pytest.fixture(scope="module")
+def api(stack) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key=API_KEY, max_retries=0
+    )
+
+
+def kserve(stack, texts: list[str], model: str = "minilm") -> tuple[np.ndarray, np.ndarray]:
+    """The same rows through KServe v2 on the same front door: (vectors, tokens per row)."""
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    vectors, tokens = infer(
+        client(stack, "http"), model, text_inputs("http", texts), headers=headers
+    )
+    return vectors, tokens.reshape(-1)
+
+
+def test_embeddings_equal_kserve_for_the_same_rows_with_usage_from_the_model(stack, api):
+    answer = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    expected, tokens = kserve(stack, TEXTS)
+    assert [d.index for d in answer.data] == [0, 1, 2]
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    assert np.abs(got - expected).max() <= 1e-6
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == int(tokens.sum())
+    assert answer.model == "minilm"
+
+
+def test_base64_decodes_to_exactly_the_floats(api):
+    floats = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    packed = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="base64")
+    import base64
+
+    for f, p in zip(floats.data, packed.data, strict=True):
+        assert isinstance(p.embedding, str)
+        decoded = np.frombuffer(base64.b64decode(p.embedding), dtype="<f4")
+        assert np.array_equal(decoded, np.array(f.embedding, dtype=np.float32))
+    # the client's default asks for base64 and decodes it itself
+    default = api.embeddings.create(model="minilm", input=TEXTS)
+    assert np.array_equal(
+        np.array([d.embedding for d in default.data], dtype=np.float32),
+        np.array([d.embedding for d in floats.data], dtype=np.float32),
+    )
+
+
+def test_a_hundred_inputs_come_back_in_order(stack, api):
+    texts = [f"input number {i}: " + "word " * (i % 37) for i in range(100)]
+    answer = api.embeddings.create(model="minilm", input=texts, encoding_format="float")
+    assert [d.index for d in answer.data] == list(range(100))
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    expected = np.concatenate([kserve(stack, texts[a : a + 50])[0] for a in (0, 50)])
+    assert np.abs(got - expected).max() <= 1e-6
+    assert answer.usage.prompt_tokens == sum(
+        int(kserve(stack, texts[a : a + 50])[1].sum()) for a in (0, 50)
+    )
+
+
+def test_token_id_inputs_equal_the_text_they_came_from(stack, tokenizer, api):
+    rows = [row.tolist() for row in tokenizer.encode(TEXTS, truncate=True)]
+    from_ids = api.embeddings.create(model="minilm", input=rows, encoding_format="float")
+    from_text = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    a = np.array([d.embedding for d in from_ids.data])
+    b = np.array([d.embedding for d in from_text.data])
+    assert np.abs(a - b).max() <= 1e-6
+    assert from_ids.usage.prompt_tokens == sum(len(r) for r in rows)
+
+
+def test_dimensions_shorten_and_renormalise_where_the_model_allows_it(stack, api):
+    answer = api.embeddings.create(
+        model="minilm_matryoshka", input=TEXTS, dimensions=128, encoding_format="float"
+    )
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    full, _ = kserve(stack, TEXTS, model="minilm_matryoshka")
+    assert got.shape == (3, 128)
+    assert np.abs(got - shorten(full, 128)).max() <= 1e-6
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(model="minilm_matryoshka", input="x", dimensions=100)
+    assert "128, 256" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(model="minilm", input="x", dimensions=128)
+    assert refused.value.body["param"] == "dimensions"
+
+
+def test_models_are_listed(api):
+    assert sorted(m.id for m in api.models.list()) == ["minilm", "minilm_matryoshka"]
+    assert api.models.retrieve("minilm").id == "minilm"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "status", "code"),
+    [
+        (lambda api: api.embeddings.create(model="nope", input="x"), openai.NotFoundError, 404, "model_not_found"),
+        (lambda api: api.models.retrieve("nope"), openai.NotFoundError, 404, "model_not_found"),
+        (lambda api: api.embeddings.create(model="minilm", input=[]), openai.BadRequestError, 400, None),
+        (lambda api: api.embeddings.create(model="minilm", input=[""]), openai.BadRequestError, 400, None),
+        (
+            lambda api: api.embeddings.create(model="minilm", input=[[1, 2], []]),
+            openai.BadRequestError,
+            400,
+            None,
+        ),
+        (
+            lambda api: api.embeddings.create(model="minilm", input="x", encoding_format="int8"),  # type: ignore[arg-type]
+            openai.BadRequestError,
+            400,
+            None,
+        ),
+    ],
+)  # fmt: skip
+def test_errors_have_openais_shape_and_status(api, call, error, status, code):
+    with pytest.raises(error) as raised:
+        call(api)
+    assert raised.value.status_code == status
+    body = raised.value.body
+    assert isinstance(body, dict) and body["type"] == "invalid_request_error" and body["message"]
+    if code:
+        assert body["code"] == code
+
+
+def test_the_model_refuses_what_it_cannot_take_with_a_400_naming_the_input(api):
+    # blank text passes the adapter's own checks; the model refuses it, naming the row
+    with pytest.raises(openai.BadRequestError) as raised:
+        api.embeddings.create(model="minilm", input=["fine", "   "])
+    assert raised.value.status_code == 400
+    assert "row 1 is empty" in raised.value.message
+
+
+def raw(stack, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{stack.http_port}{path}", data=body, headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_front_doors_own_refusals_on_v1_are_openai_shaped(stack):
+    body = json.dumps({"model": "minilm", "input": "x"}).encode()
+    status, answer = raw(stack, "/v1/embeddings", body, {"Content-Type": "application/json"})
+    assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+    big = json.dumps({"model": "minilm", "input": "x" * (2 << 20)}).encode()
+    status, answer = raw(stack, "/v1/embeddings", big, {"Authorization": f"Bearer {API_KEY}"})
+    assert status == 413 and answer["error"]["code"] == "request_too_large"
+    status, answer = raw(stack, "/v1/completions", b"{}", {"Authorization": f"Bearer {API_KEY}"})
+    assert status == 404 and answer["error"]["type"] == "invalid_request_error"
+    wrong = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key="wrong-key", max_retries=0
+    )
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(model="minilm", input="x")

@@ -1,0 +1,124 @@
+"""The OpenAI adapter's request checks and response shapes, as plain data."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from openai_api.backend import ModelInfo, check_dimensions, model_info_from_config
+from openai_api.errors import OpenAIError, from_triton
+from openai_api.protocol import (
+    MAX_INPUTS,
+    embeddings_response,
+    parse_embeddings,
+    shorten,
+)
+
+
+def test_every_input_form_openai_accepts_is_parsed():
+    assert parse_embeddings({"model": "m", "input": "a"}).texts == ["a"]
+    assert parse_embeddings({"model": "m", "input": ["a", "b"]}).texts == ["a", "b"]
+    assert parse_embeddings({"model": "m", "input": [1, 2, 3]}).token_rows == [[1, 2, 3]]
+    query = parse_embeddings({"model": "m", "input": [[1], [2, 3]], "encoding_format": None})
+    assert query.token_rows == [[1], [2, 3]] and query.texts is None
+    assert query.encoding_format == "float" and query.count == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ([], None, "JSON object"),
+        ({"input": "a"}, "model", "`model` is required"),
+        ({"model": "m"}, "input", "`input` must be"),
+        ({"model": "m", "input": []}, "input", "`input` must be"),
+        ({"model": "m", "input": ["a", 1]}, "input", "`input` must be"),
+        ({"model": "m", "input": [True, 2]}, "input", "`input` must be"),
+        ({"model": "m", "input": [[1], []]}, "input", "`input[1]`"),
+        ({"model": "m", "input": [[1], [2.5]]}, "input", "`input[1]`"),
+        ({"model": "m", "input": ["a", ""]}, "input", "`input[1]` is an empty string"),
+        ({"model": "m", "input": ["a"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
+        (
+            {"model": "m", "input": "a", "encoding_format": "int8"},
+            "encoding_format",
+            "float, base64",
+        ),
+        ({"model": "m", "input": "a", "dimensions": 0}, "dimensions", "positive integer"),
+        ({"model": "m", "input": "a", "dimensions": "64"}, "dimensions", "positive integer"),
+    ],
+)
+def test_a_bad_request_is_a_400_naming_the_field(body, param, words):
+    with pytest.raises(OpenAIError) as err:
+        parse_embeddings(body)
+    assert err.value.status == 400 and err.value.param == param
+    assert words in err.value.message
+    assert set(err.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_base64_is_little_endian_float32_of_the_same_vector():
+    vectors = np.array([[0.5, -1.25, 3.0]], dtype=np.float32)
+    answer = embeddings_response("m", vectors, "base64", 7)
+    packed = answer["data"][0]["embedding"]
+    assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype="<f4"), vectors[0])
+    floats = embeddings_response("m", vectors, "float", 7)
+    assert floats["data"][0]["embedding"] == [0.5, -1.25, 3.0]
+    assert floats["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+
+
+def test_shortened_vectors_are_the_head_at_unit_length():
+    rng = np.random.default_rng(0)
+    full = rng.normal(size=(4, 16)).astype(np.float32)
+    short = shorten(full, 8)
+    assert short.shape == (4, 8)
+    assert np.allclose(np.linalg.norm(short, axis=1), 1.0, atol=1e-6)
+    cos = np.sum(short * full[:, :8], axis=1) / np.linalg.norm(full[:, :8], axis=1)
+    assert np.allclose(cos, 1.0, atol=1e-6)
+
+
+def info(dimensions=()) -> ModelInfo:
+    return ModelInfo("m", "EMBEDDING", 384, 64, tuple(dimensions), 0)
+
+
+def test_dimensions_are_allowed_only_where_the_model_declares_them():
+    check_dimensions(info(), None)
+    check_dimensions(info(), 384)  # its own size is always fine
+    with pytest.raises(OpenAIError, match="does not support"):
+        check_dimensions(info(), 128)
+    check_dimensions(info((128, 256)), 128)
+    with pytest.raises(OpenAIError, match="128, 256, not 100"):
+        check_dimensions(info((128, 256)), 100)
+
+
+def test_the_model_config_says_what_the_adapter_serves():
+    config = {
+        "name": "m",
+        "max_batch_size": 64,
+        "output": [{"name": "EMBEDDING", "dims": ["384"]}, {"name": "NUM_TOKENS", "dims": ["1"]}],
+        "parameters": {"matryoshka_dimensions": {"string_value": "256, 128,64"}},
+    }
+    got = model_info_from_config(config, 5)
+    assert (got.output_dim, got.max_rows, got.dimensions, got.embeds) == (
+        384,
+        64,
+        (64, 128, 256),
+        True,
+    )
+    config["output"][0] = {"name": "LOGITS", "dims": ["3"]}
+    assert not model_info_from_config(config, 5).embeds
+
+
+@pytest.mark.parametrize(
+    ("status", "http"),
+    [
+        ("StatusCode.INVALID_ARGUMENT", 400),
+        ("StatusCode.UNAVAILABLE", 503),
+        ("StatusCode.NOT_FOUND", 404),
+        ("StatusCode.INTERNAL", 500),
+        (None, 500),
+    ],
+)
+def test_triton_failures_map_to_openai_statuses(status, http):
+    err = from_triton(status, "boom", "inputs 0..3: ")
+    assert err.status == http
+    assert err.message == ("inputs 0..3: boom" if http == 400 else "boom")
