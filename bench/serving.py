@@ -457,14 +457,23 @@ def main() -> int:
                     flush=True,
                 )
             runs = front_door_comparison(server, Path(tmp), args.measurement_ms, rounds=args.rounds)
+            from bench.openai_cost import openai_comparison
+
+            openai_runs = openai_comparison(
+                server, Path(tmp), args.measurement_ms / 1000, args.rounds
+            )
     text = report(results, limit, mean_tokens, lengths, build_summary, levels, args)
     text += "\n\n" + half_load_report(half_load, at_half)
     door = front_door_report(runs, 64, args.measurement_ms)
-    print(text + "\n\n" + door)
+    from bench import openai_cost
+
+    openai = openai_cost.report(openai_runs, 64, args.measurement_ms / 1000)
+    print(text + "\n\n" + door + "\n\n" + openai)
     if not args.no_write:
         plot(results, PLOT)
         write_doc(text)
         write_doc(door, DOOR_BEGIN, DOOR_END)
+        write_doc(openai, openai_cost.BEGIN, openai_cost.END)
     return 0
 
 

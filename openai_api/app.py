@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,11 +18,19 @@ from openai_api.errors import OpenAIError, bad_request, error_body
 from openai_api.protocol import embeddings_response, model_card, parse_embeddings, shorten
 
 
+class FastJSONResponse(JSONResponse):
+    """JSON written by orjson: vectors go out straight from numpy, several times faster than
+    the standard library's float formatting, which dominates a large embeddings answer."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def create_app(backend: TritonBackend) -> Starlette:
     async def embeddings(request: Request) -> Response:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as err:
             raise bad_request(f"the request body is not valid JSON: {err}") from None
         query = parse_embeddings(body)
         info = await backend.info(query.model)
@@ -35,7 +43,7 @@ def create_app(backend: TritonBackend) -> Starlette:
         vectors, tokens = await backend.embed(info, query.texts, query.token_rows)
         if query.dimensions is not None and query.dimensions != info.output_dim:
             vectors = shorten(vectors, query.dimensions)
-        return JSONResponse(
+        return FastJSONResponse(
             embeddings_response(query.model, vectors, query.encoding_format, tokens)
         )
 

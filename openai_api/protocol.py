@@ -93,10 +93,12 @@ def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:
     return head / np.maximum(norms, 1e-12)
 
 
-def encode_vector(vector: np.ndarray, encoding: str) -> list[float] | str:
+def encode_vector(vector: np.ndarray, encoding: str) -> np.ndarray | str:
+    """base64 of the little-endian float32 bytes, or the float32 vector itself (the response
+    serializer writes numpy arrays as JSON lists directly)."""
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.astype(np.float32).tolist()
+    return np.ascontiguousarray(vector, dtype=np.float32)
 
 
 def embeddings_response(

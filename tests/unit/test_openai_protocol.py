@@ -62,7 +62,7 @@ def test_base64_is_little_endian_float32_of_the_same_vector():
     packed = answer["data"][0]["embedding"]
     assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype="<f4"), vectors[0])
     floats = embeddings_response("m", vectors, "float", 7)
-    assert floats["data"][0]["embedding"] == [0.5, -1.25, 3.0]
+    assert floats["data"][0]["embedding"].tolist() == [0.5, -1.25, 3.0]
     assert floats["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
 
 

@@ -1,0 +1,214 @@
+"""What the OpenAI API costs: ``/v1/embeddings`` against KServe v2 ``infer``, both through the
+same front door, at one concurrency, with one HTTP client of equal cost for both.
+
+    python -m bench.openai_cost [--concurrency 64] [--seconds 8] [--rounds 3]
+
+The client is one asyncio process (aiohttp): C workers in a closed loop, each request one real
+text row from bench/data/perf_input.json, each answer read and parsed as JSON (both answers
+carry the same 384 floats). The routes alternate round by round, so the shared machine's drift
+falls on both alike. ``make bench`` runs it after the serving figures; it writes its section of
+docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from bench.docs import write_section
+from bench.serving import INPUT_DATA, ROOT, build_repository, warm_up
+from tools.front_door import FrontDoor, FrontDoorSettings
+from tools.triton_server import TritonServer, answers_ok, free_port
+
+BEGIN, END = "<!-- openai:begin -->", "<!-- openai:end -->"
+MODEL = "planner_dp"
+
+
+def kserve_body(text: str) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}
+    ).encode()
+
+
+def openai_body(text: str) -> bytes:
+    return json.dumps({"model": MODEL, "input": text, "encoding_format": "float"}).encode()
+
+
+async def closed_loop(
+    url: str,
+    body: Callable[[str], bytes],
+    texts: list[str],
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+) -> dict[str, float]:
+    """Rows/s and latency percentiles of ``concurrency`` workers sending one row at a time."""
+    latencies: list[float] = []
+    errors = 0
+    started = time.perf_counter()
+    measure_from, end = started + warmup_s, started + warmup_s + seconds
+    headers = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker(k: int) -> None:
+            nonlocal errors
+            i = k
+            while (now := time.perf_counter()) < end:
+                payload = body(texts[i % len(texts)])
+                i += concurrency
+                async with session.post(url, data=payload, headers=headers) as response:
+                    answer = await response.read()
+                    ok = response.status == 200
+                json.loads(answer)
+                if now >= measure_from:
+                    if ok:
+                        latencies.append(time.perf_counter() - now)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    done = np.array(latencies)
+    return {
+        "rows_per_s": len(done) / seconds,
+        "p50_ms": float(np.percentile(done, 50) * 1e3) if len(done) else float("nan"),
+        "p99_ms": float(np.percentile(done, 99) * 1e3) if len(done) else float("nan"),
+        "errors": errors,
+    }
+
+
+def start_adapter(server: TritonServer, port: int, log: Path):
+    import subprocess
+
+    from tools.triton_server import set_parent_death_signal
+
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "openai_api",
+            f"--triton-grpc=127.0.0.1:{server.grpc_port}",
+            f"--listen=127.0.0.1:{port}",
+            f"--model={MODEL}",
+        ],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=set_parent_death_signal,
+    )
+    deadline = time.monotonic() + 30
+    while not answers_ok(f"http://127.0.0.1:{port}/health"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the adapter did not start: {log.read_text()[-1000:]}")
+        time.sleep(0.1)
+    return process
+
+
+def openai_comparison(
+    server: TritonServer, tmp: Path, seconds: float, rounds: int, concurrency: int = 64
+) -> list[tuple[str, dict[str, float]]]:
+    """Both routes through one front door, alternating; ``server`` must be running."""
+    texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
+    adapter_port = free_port()
+    adapter = start_adapter(server, adapter_port, tmp / "openai.log")
+    settings = FrontDoorSettings(
+        triton_http_address=f"127.0.0.1:{server.http_port}",
+        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
+        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
+        openai_address=f"127.0.0.1:{adapter_port}",
+        public_address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+    base = f"http://127.0.0.1:{settings.http_port}"
+    routes = {
+        "KServe /v2 infer": (f"{base}/v2/models/{MODEL}/infer", kserve_body),
+        "OpenAI /v1/embeddings": (f"{base}/v1/embeddings", openai_body),
+    }
+    out = []
+    try:
+        with FrontDoor(settings, tmp / "front-door-openai"):
+            for r in range(rounds):
+                order = list(routes) if r % 2 == 0 else list(reversed(routes))
+                for name in order:
+                    url, body = routes[name]
+                    point = asyncio.run(closed_loop(url, body, texts, concurrency, seconds))
+                    out.append((name, point))
+                    print(
+                        f"c={concurrency} {name:<22} {point['rows_per_s']:7.1f} rows/s  "
+                        f"p50 {point['p50_ms']:7.1f}  p99 {point['p99_ms']:7.1f} ms  "
+                        f"errors {point['errors']:.0f}",
+                        flush=True,
+                    )
+    finally:
+        adapter.terminate()
+        adapter.wait(timeout=10)
+    return out
+
+
+def report(runs: list[tuple[str, dict[str, float]]], concurrency: int, seconds: float) -> str:
+    names = list(dict.fromkeys(name for name, _ in runs))
+    mean = {n: float(np.mean([p["rows_per_s"] for m, p in runs if m == n])) for n in names}
+    lines = [
+        "### The OpenAI API's cost",
+        "",
+        f"`python -m bench.openai_cost --concurrency {concurrency} --seconds {seconds:g} "
+        f"--rounds {len(runs) // 2}` (part of `make bench`): the same model (`{MODEL}`, ONNX "
+        "Runtime on this 2-core CPU) through the same front door, one aiohttp client of equal "
+        "cost for both routes (one row per request, every answer parsed), routes alternating.",
+        "",
+        "| round | route | rows/s | p50 ms | p99 ms |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for i, (name, p) in enumerate(runs):
+        lines.append(
+            f"| {i // 2 + 1} | {name} | {p['rows_per_s']:.1f} | {p['p50_ms']:.1f} | "
+            f"{p['p99_ms']:.1f} |"
+        )
+    kserve, openai = mean[names[0]], mean[names[1]]
+    if names[0].startswith("OpenAI"):
+        kserve, openai = openai, kserve
+    lines += [
+        "",
+        f"Mean throughput: KServe {kserve:.1f} rows/s, OpenAI {openai:.1f} rows/s: "
+        f"**{openai / kserve:.3f}x**. On this machine the adapter's process competes for the "
+        "same two cores as Triton, the model, nginx and the client.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    args = parser.parse_args(argv)
+    repository, _ = build_repository(args.repository, rebuild=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = TritonServer(
+            repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
+        )
+        with server:
+            warm_up(server, Path(tmp), (MODEL,), args.concurrency)
+            runs = openai_comparison(server, Path(tmp), args.seconds, args.rounds, args.concurrency)
+    text = report(runs, args.concurrency, args.seconds)
+    print(text)
+    if not args.no_write:
+        write_section(text, BEGIN, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
