@@ -41,6 +41,7 @@ from python_backend.triton_model import TritonPythonModel
 __all__ = ["TritonPythonModel"]
 '''
 
+LABELS_FILE = "labels.txt"
 DEFAULT_TOKEN_BUDGET = {"onnxruntime": 4096, "tensorrt": 65536}
 DEFAULT_PRECISION = {"onnxruntime": "fp32", "tensorrt": "fp16"}
 DEFAULT_ALIGN = {"onnxruntime": 1, "tensorrt": 8}
@@ -169,6 +170,9 @@ def build(spec: BuildSpec) -> BuildResult:
         cost_model=LinearCost(spec.overhead_tokens),
         long_rows=long_rows,
         source={"model_dir": str(resolved.model_dir), **model.describe},
+        prompts=model.prompts,
+        default_prompt_name=model.default_prompt_name,
+        labels=model.labels,
     )
     if spec.calibration_repeats:
         with progress("calibrate cost model"):
@@ -408,6 +412,12 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         manifest.output_dim,
         instances=gpu_instances(spec.gpus) if on_gpu else cpu_instance(),
     )
+    labels = version_dir.parent / LABELS_FILE
+    if manifest.labels:  # Triton's classification extension names the classes from this file
+        labels.write_text("\n".join(manifest.labels) + "\n")
+        config.output[0].label_filename = LABELS_FILE
+    else:
+        labels.unlink(missing_ok=True)
     write_config(config, version_dir.parent)
     (version_dir / "model.py").write_text(MODEL_PY)
     progress.detail(

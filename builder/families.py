@@ -4,8 +4,10 @@ Pooling and heads live inside the graph, so an engine's output is the answer its
 per-row work is left for Python on the hot path. Every wrapper reads only real tokens (through
 the attention mask, or the last real position), so right padding never changes a row's output.
 
-- embedding: encoder + pooling from the sentence-transformers config (mean or CLS) + optional L2
-  normalisation -> EMBEDDING [B, D]
+- embedding: encoder (or a decoder, for decoder embedders) + the sentence-transformers modules
+  after it, in their order: pooling (mean, CLS, max or last token), Dense layers, L2
+  normalisation -> EMBEDDING [B, D]. A module that cannot be exported is refused by name, never
+  skipped: skipping one would serve wrong vectors without a word.
 - classifier: encoder with a sequence-classification head -> LOGITS [B, C]
 - decoder: decoder-only model used for scoring; logits at each row's last real token, optionally
   only chosen token ids (e.g. yes / no) -> LOGITS [B, C]
@@ -14,7 +16,7 @@ the attention mask, or the last real position), so right padding never changes a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +38,19 @@ class LoadedModel:
     vocab_size: int
     pad_token_id: int
     describe: dict[str, object]  # architecture, pooling, ... for the manifest
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts
+    default_prompt_name: str | None = None
+    labels: tuple[str, ...] = ()  # classifier class names, in output order (id2label)
 
 
 def detect_family(model_dir: Path) -> str:
-    """classifier / decoder from the config's architectures; embedding otherwise."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    """embedding when sentence-transformers modules pool the model (decoder embedders too: their
+    config names a *ForCausalLM architecture); else classifier / decoder from the
+    architectures; embedding otherwise."""
+    model_dir = Path(model_dir)
+    if any(kind == "Pooling" for kind, _ in sentence_transformers_modules(model_dir)):
+        return "embedding"
+    config = json.loads((model_dir / "config.json").read_text())
     architectures = config.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         return "classifier"
@@ -49,26 +59,136 @@ def detect_family(model_dir: Path) -> str:
     return "embedding"
 
 
-def sentence_transformers_pooling(model_dir: Path) -> tuple[str, bool]:
-    """(pooling mode, normalize) from modules.json and the pooling config; mean, no norm if absent."""
-    model_dir = Path(model_dir)
-    modules_file = model_dir / "modules.json"
+# the sentence-transformers modules an exported graph reproduces, by their class name
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": nn.Identity,
+    "torch.nn.modules.activation.Tanh": nn.Tanh,
+    "torch.nn.modules.activation.ReLU": nn.ReLU,
+    "torch.nn.modules.activation.GELU": nn.GELU,
+    "torch.nn.modules.activation.Sigmoid": nn.Sigmoid,
+}
+
+
+def sentence_transformers_modules(model_dir: Path) -> list[tuple[str, Path]]:
+    """(class name, folder) of each module in modules.json, in order; [] without the file.
+    A module type the graph cannot reproduce is refused, naming it."""
+    modules_file = Path(model_dir) / "modules.json"
     if not modules_file.is_file():
-        return "mean", False
-    modules = json.loads(modules_file.read_text())
-    normalize = any(m.get("type", "").endswith(".Normalize") for m in modules)
-    mode = "mean"
-    for m in modules:
-        if m.get("type", "").endswith(".Pooling"):
-            pooling = json.loads((model_dir / m["path"] / "config.json").read_text())
-            if pooling.get("pooling_mode_cls_token"):
-                mode = "cls"
-            elif pooling.get("pooling_mode_mean_tokens"):
-                mode = "mean"
-            else:
-                chosen = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v]
-                raise ValueError(f"unsupported sentence-transformers pooling: {chosen}")
-    return mode, normalize
+        return []
+    out = []
+    for m in json.loads(modules_file.read_text()):
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in SUPPORTED_MODULES:
+            raise ValueError(
+                f"sentence-transformers module {m.get('type')!r} ({m.get('path') or 'root'}) "
+                f"cannot be exported into the graph; supported: {', '.join(SUPPORTED_MODULES)}"
+            )
+        out.append((kind, Path(model_dir) / str(m.get("path", ""))))
+    return out
+
+
+def pooling_mode(config: dict) -> str:
+    """The pooling mode of a Pooling module's config, in either format sentence-transformers
+    has written (``pooling_mode``, or one ``pooling_mode_*`` flag)."""
+    if config.get("include_prompt") is False:
+        raise ValueError(
+            "sentence-transformers pooling leaves the prompt's tokens out (include_prompt false); "
+            "the exported graph pools every token, so this model is refused"
+        )
+    if "pooling_mode" in config:
+        modes = config["pooling_mode"]
+        modes = [modes] if isinstance(modes, str) else list(modes)
+    else:
+        flags = {
+            "pooling_mode_cls_token": "cls",
+            "pooling_mode_mean_tokens": "mean",
+            "pooling_mode_max_tokens": "max",
+            "pooling_mode_lasttoken": "lasttoken",
+            "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+            "pooling_mode_weightedmean_tokens": "weightedmean",
+        }
+        modes = [mode for key, mode in flags.items() if config.get(key)]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise ValueError(
+            f"unsupported sentence-transformers pooling: {modes}; supported: one of "
+            f"{', '.join(POOLING_MODES)}"
+        )
+    return str(modes[0])
+
+
+def load_dense(folder: Path) -> nn.Sequential:
+    """A sentence-transformers Dense module as a torch Linear + activation, from its files."""
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("use_residual"):
+        raise ValueError(f"Dense module {folder.name}: a residual Dense cannot be exported")
+    activation = ACTIVATIONS.get(str(config.get("activation_function")))
+    if activation is None:
+        raise ValueError(
+            f"Dense module {folder.name}: activation {config.get('activation_function')!r} "
+            f"cannot be exported; supported: {', '.join(sorted(ACTIVATIONS))}"
+        )
+    linear = nn.Linear(
+        int(config["in_features"]), int(config["out_features"]), bias=bool(config.get("bias", True))
+    )
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"Dense module {folder.name}: no model.safetensors or pytorch_model.bin")
+    weights = {k.removeprefix("linear."): v for k, v in state.items() if k.startswith("linear.")}
+    linear.load_state_dict(weights)
+    return nn.Sequential(linear, activation())
+
+
+@dataclass(frozen=True)
+class EmbeddingPipeline:
+    """What sentence-transformers runs after the transformer, as the graph will run it."""
+
+    pooling: str
+    after_pooling: list[nn.Module]  # Dense layers, in order
+    normalize: bool
+    dimension: int | None  # the last Dense's width; None: the transformer's hidden size
+
+
+def embedding_pipeline(model_dir: Path) -> EmbeddingPipeline:
+    """The modules after the transformer; mean pooling, nothing else, without modules.json."""
+    pooling, normalize = "mean", False
+    after: list[nn.Module] = []
+    dimension: int | None = None
+    for kind, folder in sentence_transformers_modules(model_dir):
+        if kind == "Pooling":
+            pooling = pooling_mode(json.loads((folder / "config.json").read_text()))
+        elif kind == "Dense":
+            dense = load_dense(folder)
+            after.append(dense)
+            dimension = int(json.loads((folder / "config.json").read_text())["out_features"])
+        elif kind == "Normalize":
+            normalize = True
+    return EmbeddingPipeline(pooling, after, normalize, dimension)
+
+
+def sentence_transformers_pooling(model_dir: Path) -> tuple[str, bool]:
+    """(pooling mode, normalize) of a sentence-transformers model directory."""
+    pipeline = embedding_pipeline(model_dir)
+    return pipeline.pooling, pipeline.normalize
+
+
+def sentence_transformers_prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
+    """(prompts by name, the default prompt's name) from config_sentence_transformers.json."""
+    path = Path(model_dir) / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}, None
+    config = json.loads(path.read_text())
+    prompts = {str(k): str(v) for k, v in (config.get("prompts") or {}).items()}
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"default_prompt_name {default!r} names no prompt of {sorted(prompts)}")
+    return prompts, default
 
 
 def model_max_length(model_dir: Path, config: object) -> int:
@@ -86,19 +206,34 @@ def model_max_length(model_dir: Path, config: object) -> int:
 
 
 class EmbeddingHead(nn.Module):
-    def __init__(self, encoder: nn.Module, pooling: str, normalize: bool) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        pooling: str,
+        normalize: bool,
+        after_pooling: list[nn.Module] | None = None,
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
         self.normalize = normalize
+        self.after_pooling = nn.Sequential(*(after_pooling or []))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         if self.pooling == "cls":
             pooled = hidden[:, 0]
+        elif self.pooling == "lasttoken":
+            # rows are right-padded: the last real token is at mask.sum - 1
+            last = attention_mask.sum(dim=1) - 1
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        elif self.pooling == "max":
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
         else:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        pooled = self.after_pooling(pooled)
         if self.normalize:
             pooled = nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled.float()
@@ -172,11 +307,23 @@ def load_model(
     kwargs = {"attn_implementation": "eager", "dtype": torch.float32}
     describe: dict[str, object] = {"architecture": (config.architectures or ["?"])[0]}
     module: nn.Module
+    prompts: dict[str, str] = {}
+    default_prompt: str | None = None
     if family == "embedding":
-        pooling, normalize = sentence_transformers_pooling(model_dir)
-        module = EmbeddingHead(AutoModel.from_pretrained(model_dir, **kwargs), pooling, normalize)
-        out_dim = int(config.hidden_size)
-        describe |= {"pooling": pooling, "normalize": normalize}
+        pipeline = embedding_pipeline(model_dir)
+        prompts, default_prompt = sentence_transformers_prompts(model_dir)
+        module = EmbeddingHead(
+            AutoModel.from_pretrained(model_dir, **kwargs),
+            pipeline.pooling,
+            pipeline.normalize,
+            pipeline.after_pooling,
+        )
+        out_dim = pipeline.dimension or int(config.hidden_size)
+        describe |= {
+            "pooling": pipeline.pooling,
+            "dense_layers": len(pipeline.after_pooling),
+            "normalize": pipeline.normalize,
+        }
     elif family == "classifier":
         module = ClassifierHead(
             AutoModelForSequenceClassification.from_pretrained(model_dir, **kwargs)
@@ -202,4 +349,16 @@ def load_model(
         vocab_size=int(config.vocab_size),
         pad_token_id=int(pad) if pad is not None else 0,
         describe=describe,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+        labels=labels_of(config) if family == "classifier" else (),
     )
+
+
+def labels_of(config: object) -> tuple[str, ...]:
+    """Class names in output order, where the model names its classes (not LABEL_0, ...)."""
+    id2label = getattr(config, "id2label", None) or {}
+    labels = tuple(str(id2label[i]) for i in sorted(int(k) for k in id2label))
+    if not labels or all(label == f"LABEL_{i}" for i, label in enumerate(labels)):
+        return ()
+    return labels

@@ -40,7 +40,9 @@ def create_app(backend: TritonBackend) -> Starlette:
                 param="model",
             )
         check_dimensions(info, query.dimensions)
-        vectors, tokens = await backend.embed(info, query.texts, query.token_rows)
+        vectors, tokens = await backend.embed(
+            info, query.texts, query.token_rows, query.prompt_name
+        )
         if query.dimensions is not None and query.dimensions != info.output_dim:
             vectors = shorten(vectors, query.dimensions)
         return FastJSONResponse(

@@ -98,19 +98,32 @@ class TritonBackend:
         return out
 
     async def embed(
-        self, info: ModelInfo, texts: list[str] | None, token_rows: list[list[int]] | None
+        self,
+        info: ModelInfo,
+        texts: list[str] | None,
+        token_rows: list[list[int]] | None,
+        prompt_name: str | None = None,
     ) -> tuple[np.ndarray, int]:
-        """[inputs, D] float32 in input order, and the tokens the model ran."""
+        """[inputs, D] float32 in input order, and the tokens the model ran (prompts included)."""
+        parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
         items: list[Any] = texts if texts is not None else list(token_rows or [])
         starts = range(0, len(items), info.max_rows)
         parts = await asyncio.gather(
-            *(self._infer(info, items[a : a + info.max_rows], texts is not None, a) for a in starts)
+            *(
+                self._infer(info, items[a : a + info.max_rows], texts is not None, a, parameters)
+                for a in starts
+            )
         )
         vectors = np.concatenate([p[0] for p in parts], axis=0)
         return vectors, int(sum(p[1] for p in parts))
 
     async def _infer(
-        self, info: ModelInfo, rows: list[Any], as_text: bool, offset: int
+        self,
+        info: ModelInfo,
+        rows: list[Any],
+        as_text: bool,
+        offset: int,
+        parameters: dict[str, str] | None = None,
     ) -> tuple[np.ndarray, int]:
         text_name, ids_name, mask_name = REQUEST_INPUTS
         if as_text:
@@ -137,7 +150,11 @@ class TritonBackend:
         ]
         try:
             result = await self.client.infer(
-                info.name, inputs, outputs=outputs, client_timeout=self.timeout_s
+                info.name,
+                inputs,
+                outputs=outputs,
+                client_timeout=self.timeout_s,
+                parameters=parameters,
             )
         except InferenceServerException as err:
             where = (

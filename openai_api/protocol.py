@@ -1,7 +1,8 @@
 """OpenAI's embeddings request and response, as plain data: every check names the field.
 
 ``input`` is a string, a list of strings, a list of token ids (one input), or a list of
-token-id lists; ``encoding_format`` is ``float`` or ``base64`` (little-endian float32, as
+token-id lists (taken as already prompted); ``prompt_name`` (or NIM's ``input_type``: query,
+passage, document) picks one of the model's sentence-transformers prompts for text input; ``encoding_format`` is ``float`` or ``base64`` (little-endian float32, as
 OpenAI's clients decode it); ``dimensions`` shortens each vector, then renormalises it, and only
 for models that declare the sizes they allow.
 """
@@ -18,6 +19,8 @@ from openai_api.errors import bad_request
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 ENCODINGS = ("float", "base64")
+# NIM's `input_type`, onto the prompt names sentence-transformers models use for it
+INPUT_TYPES = {"query": "query", "passage": "passage", "document": "document"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class EmbeddingsQuery:
     token_rows: list[list[int]] | None  # token-id inputs (already prompted, if at all)
     encoding_format: str
     dimensions: int | None
+    prompt_name: str | None = None  # one of the model's prompts, prepended to each text
 
     @property
     def count(self) -> int:
@@ -83,7 +87,20 @@ def parse_embeddings(body: Any) -> EmbeddingsQuery:
     dimensions = body.get("dimensions")
     if dimensions is not None and (not _is_int(dimensions) or dimensions < 1):
         raise bad_request("`dimensions` must be a positive integer", param="dimensions")
-    return EmbeddingsQuery(model, texts, token_rows, encoding, dimensions)
+    prompt_name = body.get("prompt_name")
+    if prompt_name is not None and (not isinstance(prompt_name, str) or not prompt_name):
+        raise bad_request("`prompt_name` must be the name of a prompt", param="prompt_name")
+    input_type = body.get("input_type")
+    if input_type is not None:
+        if input_type not in INPUT_TYPES:
+            raise bad_request(
+                f"`input_type` must be one of {', '.join(INPUT_TYPES)}, got {input_type!r}",
+                param="input_type",
+            )
+        if prompt_name is not None:
+            raise bad_request("send `prompt_name` or `input_type`, not both", param="input_type")
+        prompt_name = INPUT_TYPES[input_type]
+    return EmbeddingsQuery(model, texts, token_rows, encoding, dimensions, prompt_name)
 
 
 def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:

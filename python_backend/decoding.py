@@ -7,7 +7,7 @@ objects, so the checks are unit-tested on plain arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,28 @@ class Limits:
 class RequestOptions:
     truncate: bool  # rows over max_length: truncate, or refuse the request
     timeout_ms: int  # 0: no deadline
+    prompt_name: str | None = None  # a prompt of the model's, prepended to each text row
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The model's sentence-transformers prompts: text prepended to each text row before it is
+    tokenized, chosen per request; the default applies when a request names none."""
+
+    by_name: dict[str, str] = field(default_factory=dict)
+    default_name: str | None = None
+
+    def prefix(self, name: str | None) -> str:
+        if name is None:
+            return self.by_name[self.default_name] if self.default_name else ""
+        if name not in self.by_name:
+            known = ", ".join(sorted(self.by_name)) or "none"
+            raise RequestError(
+                f"parameter prompt_name {name!r} is not a prompt of this model (its prompts: "
+                f"{known})",
+                "bad_parameter",
+            )
+        return self.by_name[name]
 
 
 @dataclass(frozen=True)
@@ -60,7 +82,12 @@ def parse_options(
         raise RequestError(
             f"parameter timeout_ms must be a non-negative integer, got {timeout!r}", "bad_parameter"
         )
-    return RequestOptions(truncate=truncate, timeout_ms=int(timeout))
+    prompt_name = parameters.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise RequestError(
+            f"parameter prompt_name must be a string, got {prompt_name!r}", "bad_parameter"
+        )
+    return RequestOptions(truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name)
 
 
 def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
@@ -81,7 +108,11 @@ def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
 
 
 def decode_text(
-    text: np.ndarray, tokenizer: TextTokenizer, limits: Limits, options: RequestOptions
+    text: np.ndarray,
+    tokenizer: TextTokenizer,
+    limits: Limits,
+    options: RequestOptions,
+    prompts: Prompts | None = None,
 ) -> list[np.ndarray]:
     if text.dtype != np.object_ and text.dtype.kind not in ("S", "U"):
         raise RequestError(f"input TEXT must be BYTES (strings), got {text.dtype}", "bad_dtype")
@@ -91,6 +122,7 @@ def decode_text(
             f"input TEXT must have shape [rows, 1], got {list(text.shape)}", "bad_shape"
         )
     max_bytes = limits.max_length * MAX_TEXT_BYTES_PER_TOKEN
+    prefix = (prompts or Prompts()).prefix(options.prompt_name)
     texts = []
     for r, value in enumerate(text[:, 0]):
         raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
@@ -110,7 +142,7 @@ def decode_text(
                     "too_long",
                 )
             decoded = decoded[:max_bytes]  # the tail would be truncated away anyway
-        texts.append(decoded)
+        texts.append(prefix + decoded)
     rows = tokenizer.encode(texts, truncate=options.truncate)
     for r, ids in enumerate(rows):
         if len(ids) == 0:
@@ -183,6 +215,7 @@ def decode_request(
     options: RequestOptions,
     tokenizer: TextTokenizer,
     limits: Limits,
+    prompts: Prompts | None = None,
 ) -> DecodedRequest:
     """Validated token rows of one request; raises RequestError naming what is wrong."""
     text, ids, mask = (inputs.get(name) for name in REQUEST_INPUTS)
@@ -193,8 +226,14 @@ def decode_request(
     if text is not None:
         if mask is not None:
             raise RequestError("ATTENTION_MASK goes with INPUT_IDS, not TEXT", "bad_inputs")
-        rows = decode_text(text, tokenizer, limits, options)
+        rows = decode_text(text, tokenizer, limits, options, prompts)
     else:
         assert ids is not None
+        if options.prompt_name is not None:
+            raise RequestError(
+                "parameter prompt_name applies to TEXT input; INPUT_IDS are taken as already "
+                "prompted",
+                "bad_parameter",
+            )
         rows = decode_ids(ids, mask, limits, options)
     return DecodedRequest(rows=rows, options=options)

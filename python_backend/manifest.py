@@ -68,6 +68,11 @@ class Manifest:
     long_rows: LongRows | None = None  # None: rows above the last bucket are truncated or refused
     # the TensorRT version that serialized the plan ("" for ONNX Runtime): a plan loads only in it
     engine_version: str = ""
+    # sentence-transformers prompts by name, prepended to text input on request (prompt_name);
+    # the default one applies when a request names none
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    labels: tuple[str, ...] = ()  # classifier class names in output order (id2label); () if none
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -188,6 +193,19 @@ def manifest_from_dict(data: Any) -> Manifest:
             "manifest field 'engine_version' is missing: a TensorRT plan must record the "
             "TensorRT version that built it (rebuild the model)"
         )
+    prompts = data.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ManifestError("manifest field 'prompts' must map prompt names to strings")
+    default_prompt = data.get("default_prompt_name")
+    if default_prompt is not None and default_prompt not in prompts:
+        raise ManifestError(
+            f"manifest field 'default_prompt_name' names no prompt: {default_prompt!r}"
+        )
+    labels = data.get("labels") or []
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise ManifestError("manifest field 'labels' must list class names")
     return Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -201,6 +219,9 @@ def manifest_from_dict(data: Any) -> Manifest:
         max_batch=_positive(data, "max_batch"),
         engine_kind=engine_kind,
         engine_version=engine_version,
+        prompts=dict(prompts),
+        default_prompt_name=default_prompt,
+        labels=tuple(labels),
         engine_files=tuple(engine_files),
         precision=_choice(data, "precision", PRECISIONS),
         cost_model=cost,

@@ -23,7 +23,7 @@ from python_backend.contract import (
     ErrorKind,
 )
 from python_backend.cost_models import LinearCost
-from python_backend.decoding import Limits, RequestError, decode_request, parse_options
+from python_backend.decoding import Limits, Prompts, RequestError, decode_request, parse_options
 from python_backend.engines import open_engine
 from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import load_manifest
@@ -67,6 +67,10 @@ class TritonPythonModel:
         longest = engine.layout.longest_row
         self.tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
         self.limits = Limits(int(config["max_batch_size"]), longest, manifest.vocab_size)
+        self.prompts = Prompts(
+            dict(getattr(manifest, "prompts", {}) or {}),
+            getattr(manifest, "default_prompt_name", None),
+        )
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         self.scheduler = Scheduler(
             engine,
@@ -123,7 +127,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
-        decoded = decode_request(inputs, options, self.tokenizer, self.limits)
+        decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
         deadline = None
         if options.timeout_ms:
             deadline = time.monotonic() + options.timeout_ms / 1000.0

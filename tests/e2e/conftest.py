@@ -6,6 +6,7 @@ to the report, so a server-side error is visible next to the client-side symptom
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,13 @@ def repository(tmp_path_factory) -> Path:
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
     # for the OpenAI adapter: a model that declares the sizes `dimensions` may ask for
     add_model_variant(repo, "minilm", "minilm_matryoshka", {"matryoshka_dimensions": "128,256"})
+    # ... and one with sentence-transformers prompts in its manifest
+    add_model_variant(repo, "minilm", "minilm_prompts")
+    manifest = repo / "minilm_prompts" / "1" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["prompts"] = {"query": "query: ", "passage": "passage: "}
+    manifest.unlink()  # a link to the base model's manifest: this one is its own
+    manifest.write_text(json.dumps(data))
     return repo
 
 
@@ -123,7 +131,7 @@ def stack(repository, tmp_path_factory):
         repository,
         tmp_path_factory.mktemp("stack"),
         {"API_KEY": API_KEY},
-        models=("minilm", "minilm_matryoshka"),
+        models=("minilm", "minilm_matryoshka", "minilm_prompts"),
     )
     _LOGS.append(own.log_path)
     own.start()

@@ -106,8 +106,28 @@ def test_dimensions_shorten_and_renormalise_where_the_model_allows_it(stack, api
     assert refused.value.body["param"] == "dimensions"
 
 
+def test_prompts_are_chosen_by_name_or_by_nims_input_type(stack, api):
+    texts = ["what is batching", "rows share forwards"]
+    expected, _ = kserve(stack, [f"query: {t}" for t in texts], model="minilm_prompts")
+    for extra in ({"input_type": "query"}, {"prompt_name": "query"}):
+        answer = api.embeddings.create(
+            model="minilm_prompts", input=texts, encoding_format="float", extra_body=extra
+        )
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert np.abs(got - expected).max() <= 1e-6, extra
+    plain = api.embeddings.create(model="minilm_prompts", input=texts, encoding_format="float")
+    assert np.abs(np.array(plain.data[0].embedding) - expected[0]).max() > 1e-3
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(model="minilm_prompts", input="x", extra_body={"prompt_name": "x"})
+    assert "its prompts: passage, query" in refused.value.message
+
+
 def test_models_are_listed(api):
-    assert sorted(m.id for m in api.models.list()) == ["minilm", "minilm_matryoshka"]
+    assert sorted(m.id for m in api.models.list()) == [
+        "minilm",
+        "minilm_matryoshka",
+        "minilm_prompts",
+    ]
     assert api.models.retrieve("minilm").id == "minilm"
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from python_backend.decoding import (
     Limits,
+    Prompts,
     RequestError,
     RequestOptions,
     decode_request,
@@ -125,3 +126,35 @@ def test_parameters_of_the_wrong_type_are_named(parameters, message):
 def test_parameters_default_from_the_config():
     assert parse_options({}, True, 250) == RequestOptions(True, 250)
     assert parse_options({"truncate": False, "timeout_ms": 5}, True, 0) == RequestOptions(False, 5)
+
+
+PROMPTS = Prompts({"query": "query: ", "passage": "passage: "}, default_name="passage")
+
+
+def test_a_named_prompt_is_prepended_and_the_default_applies_otherwise(tokenizer):
+    def rows(prompt_name):
+        options = RequestOptions(truncate=True, timeout_ms=0, prompt_name=prompt_name)
+        return decode_request({"TEXT": text(b"hi")}, options, tokenizer, LIMITS, PROMPTS).rows[0]
+
+    plain = tokenizer.encode(["hi"], truncate=True)[0]
+    assert rows("query").tolist() == tokenizer.encode(["query: hi"], truncate=True)[0].tolist()
+    assert rows(None).tolist() == tokenizer.encode(["passage: hi"], truncate=True)[0].tolist()
+    assert len(rows("query")) > len(plain)
+    # a model without prompts adds nothing
+    none = decode_request({"TEXT": text(b"hi")}, CUT, tokenizer, LIMITS).rows[0]
+    assert none.tolist() == plain.tolist()
+
+
+def test_prompt_names_are_checked(tokenizer):
+    with pytest.raises(RequestError, match="'summary' is not a prompt of this model"):
+        options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="summary")
+        decode_request({"TEXT": text(b"hi")}, options, tokenizer, LIMITS, PROMPTS)
+    with pytest.raises(RequestError, match="its prompts: none"):
+        options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="query")
+        decode_request({"TEXT": text(b"hi")}, options, tokenizer, LIMITS)
+    with pytest.raises(RequestError, match="already prompted"):
+        options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="query")
+        decode_request({"INPUT_IDS": ids([[101, 102]])}, options, tokenizer, LIMITS, PROMPTS)
+    with pytest.raises(RequestError, match="prompt_name must be a string"):
+        parse_options({"prompt_name": 3}, True, 0)
+    assert parse_options({"prompt_name": "query"}, True, 0).prompt_name == "query"

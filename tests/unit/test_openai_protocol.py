@@ -24,6 +24,10 @@ def test_every_input_form_openai_accepts_is_parsed():
     query = parse_embeddings({"model": "m", "input": [[1], [2, 3]], "encoding_format": None})
     assert query.token_rows == [[1], [2, 3]] and query.texts is None
     assert query.encoding_format == "float" and query.count == 2
+    assert parse_embeddings({"model": "m", "input": "a", "input_type": "passage"}).prompt_name == (
+        "passage"
+    )
+    assert parse_embeddings({"model": "m", "input": "a", "prompt_name": "q"}).prompt_name == "q"
 
 
 @pytest.mark.parametrize(
@@ -46,6 +50,13 @@ def test_every_input_form_openai_accepts_is_parsed():
         ),
         ({"model": "m", "input": "a", "dimensions": 0}, "dimensions", "positive integer"),
         ({"model": "m", "input": "a", "dimensions": "64"}, "dimensions", "positive integer"),
+        ({"model": "m", "input": "a", "input_type": "code"}, "input_type", "query, passage"),
+        ({"model": "m", "input": "a", "prompt_name": 5}, "prompt_name", "name of a prompt"),
+        (
+            {"model": "m", "input": "a", "prompt_name": "query", "input_type": "query"},
+            "input_type",
+            "not both",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_naming_the_field(body, param, words):

@@ -1,0 +1,171 @@
+"""sentence-transformers models are served exactly as sentence-transformers' own pipeline
+computes them: Dense layers after pooling, last-token pooling for decoder embedders, max
+pooling, prompts; a module that cannot be exported is refused by name, never skipped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder.families import detect_family
+from builder.spec import BuildError
+from builder.tiny_models import TINY, VOCAB
+from python_backend.decoding import Limits, Prompts, RequestOptions, decode_request
+from python_backend.engines import open_engine
+from python_backend.manifest import load_manifest
+from python_backend.tokenization import TextTokenizer
+from tests.builder.test_build import build_onnx
+
+st = pytest.importorskip("sentence_transformers")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from sentence_transformers.sentence_transformer.modules import (  # noqa: E402
+    Dense,
+    Normalize,
+    Pooling,
+    Transformer,
+)
+
+TEXTS = ["a short one", "a somewhat longer sentence about batching rows", "x y z " * 9]
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+
+
+def base_model(kind: str, folder: Path, minilm_dir: Path) -> Path:
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = transformers.BertModel(transformers.BertConfig(**TINY))
+    else:
+        model = transformers.LlamaModel(
+            transformers.LlamaConfig(**TINY, num_key_value_heads=2, pad_token_id=0)
+        )
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (minilm_dir / name).is_file():
+            shutil.copyfile(minilm_dir / name, folder / name)
+    return folder
+
+
+def sentence_model(tmp: Path, minilm_dir: Path, kind: str, pooling: str, dense: bool):
+    base = base_model(kind, tmp / f"{kind}-base", minilm_dir)
+    modules = [Transformer(str(base), max_seq_length=64), Pooling(32, pooling)]
+    if dense:
+        torch.manual_seed(1)
+        modules.append(Dense(32, 16))  # tanh, as sentence-transformers defaults
+    modules.append(Normalize())
+    model = st.SentenceTransformer(modules=modules, prompts=PROMPTS, device="cpu")
+    folder = tmp / f"st-{kind}-{pooling}-{int(dense)}"
+    model.save(str(folder))
+    return model, folder
+
+
+def served(version_dir: Path, texts: list[str], prompt_name: str | None) -> np.ndarray:
+    """The rows as the server decodes them (prompt included), through the built engine."""
+    manifest = load_manifest(version_dir)
+    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
+    decoded = decode_request(
+        {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)},
+        RequestOptions(truncate=True, timeout_ms=0, prompt_name=prompt_name),
+        tokenizer,
+        Limits(64, manifest.max_length, manifest.vocab_size),
+        Prompts(manifest.prompts, manifest.default_prompt_name),
+    )
+    engine = open_engine(manifest, version_dir)
+    from python_backend.engines.base import run_rows
+
+    return np.concatenate(
+        [
+            run_rows(engine, [row], manifest.buckets[-1].length, manifest.pad_token_id)
+            for row in decoded.rows
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "pooling", "dense"),
+    [("bert", "mean", True), ("bert", "max", False), ("llama", "lasttoken", True)],
+)
+def test_served_vectors_equal_sentence_transformers_own(tmp_path, minilm_dir, kind, pooling, dense):
+    model, folder = sentence_model(tmp_path, minilm_dir, kind, pooling, dense)
+    assert detect_family(folder) == "embedding", "a decoder embedder is an embedding model"
+    version = build_onnx(tmp_path / "repo", folder, "st", buckets=(32, 64)).version_dir
+    manifest = load_manifest(version)
+    assert manifest.output_dim == (16 if dense else 32)
+    saved = json.loads((folder / "config_sentence_transformers.json").read_text())["prompts"]
+    assert manifest.prompts == saved and PROMPTS.items() <= saved.items()
+    for prompt in (None, "query"):
+        expected = model.encode(TEXTS, prompt_name=prompt, convert_to_numpy=True)
+        got = served(version, TEXTS, prompt)
+        assert got.shape == expected.shape
+        assert np.abs(got - expected).max() <= 1e-5, f"prompt {prompt}"
+
+
+def test_a_prompt_changes_the_vector_and_an_unknown_one_is_refused(tmp_path, minilm_dir):
+    _, folder = sentence_model(tmp_path, minilm_dir, "bert", "mean", False)
+    version = build_onnx(tmp_path / "repo", folder, "st", buckets=(32, 64)).version_dir
+    plain, query = served(version, TEXTS, None), served(version, TEXTS, "query")
+    assert np.abs(plain - query).max() > 1e-3
+    from python_backend.decoding import RequestError
+
+    with pytest.raises(RequestError, match="'summary' is not a prompt of this model"):
+        served(version, TEXTS, "summary")
+
+
+def edit_modules(folder: Path, change) -> None:
+    path = folder / "modules.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def test_a_module_that_cannot_be_exported_is_refused_by_name(tmp_path, minilm_dir):
+    _, folder = sentence_model(tmp_path, minilm_dir, "bert", "mean", True)
+    edit_modules(
+        folder,
+        lambda mods: [
+            *mods,
+            {
+                "idx": 9,
+                "name": "9",
+                "path": "9_LayerNorm",
+                "type": "sentence_transformers.models.LayerNorm",
+            },
+        ],
+    )
+    with pytest.raises(BuildError, match="LayerNorm"):
+        build_onnx(tmp_path / "repo", folder, "st", buckets=(32,))
+
+
+def test_a_dense_activation_that_cannot_be_exported_is_refused_by_name(tmp_path, minilm_dir):
+    _, folder = sentence_model(tmp_path, minilm_dir, "bert", "mean", True)
+    config = folder / "2_Dense" / "config.json"
+    data = json.loads(config.read_text())
+    data["activation_function"] = "my_package.Swish"
+    config.write_text(json.dumps(data))
+    with pytest.raises(BuildError, match=r"my_package\.Swish"):
+        build_onnx(tmp_path / "repo", folder, "st", buckets=(32,))
+
+
+def test_classifier_labels_reach_the_manifest_and_triton(tmp_path, minilm_dir):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        **TINY,
+        id2label={0: "negative", 1: "neutral", 2: "positive"},
+        architectures=["BertForSequenceClassification"],
+    )
+    folder = tmp_path / "clf"
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    shutil.copyfile(minilm_dir / "tokenizer.json", folder / "tokenizer.json")
+    result = build_onnx(tmp_path / "repo", folder, "clf", buckets=(32,))
+    assert load_manifest(result.version_dir).labels == ("negative", "neutral", "positive")
+    model_dir = result.version_dir.parent
+    assert (model_dir / "labels.txt").read_text().split() == ["negative", "neutral", "positive"]
+    assert 'label_filename: "labels.txt"' in (model_dir / "config.pbtxt").read_text()
+    assert config.vocab_size == VOCAB
