@@ -173,6 +173,7 @@ def build(spec: BuildSpec) -> BuildResult:
         prompts=model.prompts,
         default_prompt_name=model.default_prompt_name,
         labels=model.labels,
+        pair_input=len(model.input_names) == 3,
     )
     if spec.calibration_repeats:
         with progress("calibrate cost model"):
@@ -411,6 +412,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         manifest.output_name,
         manifest.output_dim,
         instances=gpu_instances(spec.gpus) if on_gpu else cpu_instance(),
+        pair_input=manifest.pair_input,
     )
     labels = version_dir.parent / LABELS_FILE
     if manifest.labels:  # Triton's classification extension names the classes from this file

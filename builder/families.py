@@ -11,6 +11,8 @@ the attention mask, or the last real position), so right padding never changes a
 - classifier: encoder with a sequence-classification head -> LOGITS [B, C]
 - decoder: decoder-only model used for scoring; logits at each row's last real token, optionally
   only chosen token ids (e.g. yes / no) -> LOGITS [B, C]
+- reranker: a cross-encoder (sequence classification with one output) over (text, text pair),
+  with token_type_ids as a third graph input -> SCORE [B, 1]
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from python_backend.contract import FAMILIES, FAMILY_OUTPUTS
+from python_backend.contract import (
+    ENGINE_INPUTS,
+    FAMILIES,
+    FAMILY_OUTPUTS,
+    TOKEN_TYPE_INPUT,
+    split_token_types,
+)
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
@@ -41,6 +49,7 @@ class LoadedModel:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names, in output order (id2label)
+    input_names: tuple[str, ...] = ENGINE_INPUTS  # the graph's inputs (pair models: three)
 
 
 def detect_family(model_dir: Path) -> str:
@@ -53,7 +62,9 @@ def detect_family(model_dir: Path) -> str:
     config = json.loads((model_dir / "config.json").read_text())
     architectures = config.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return "classifier"
+        # one output: a relevance score over a pair (how cross-encoders are saved)
+        labels = config.get("id2label") or {}
+        return "reranker" if len(labels) == 1 or config.get("num_labels") == 1 else "classifier"
     if any(a.endswith(DECODER_SUFFIXES) for a in architectures) or config.get("is_decoder"):
         return "decoder"
     return "embedding"
@@ -248,6 +259,24 @@ class ClassifierHead(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
 
 
+class PairScorer(nn.Module):
+    """A cross-encoder: the classification head's logit over (text, text pair) tokens."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).logits.float()
+
+
 class LastTokenScorer(nn.Module):
     """Logits at each row's last real token (rows are right-padded), optionally chosen ids only."""
 
@@ -273,15 +302,18 @@ class LastTokenScorer(nn.Module):
 def run_rows_alone(module: nn.Module, rows: list[np.ndarray]) -> np.ndarray:
     """The wrapped model on each row by itself, with no padding at all: [len(rows), out_dim].
 
-    The reference every engine and every served output is checked against.
+    The reference every engine and every served output is checked against. Rows of pair models
+    carry their token types in the high bits (``split_token_types``).
     """
+    outputs = []
     with torch.no_grad():
-        return np.stack(
-            [
-                module(torch.tensor(r)[None], torch.ones((1, len(r)), dtype=torch.long))[0].numpy()
-                for r in rows
-            ]
-        )
+        for row in rows:
+            ids, types = split_token_types(np.asarray(row)[None])
+            args = [torch.tensor(ids), torch.ones((1, len(row)), dtype=torch.long)]
+            if isinstance(module, PairScorer):
+                args.append(torch.tensor(types))
+            outputs.append(module(*args)[0].numpy())
+    return np.stack(outputs)
 
 
 def load_model(
@@ -329,6 +361,14 @@ def load_model(
             AutoModelForSequenceClassification.from_pretrained(model_dir, **kwargs)
         )
         out_dim = int(config.num_labels)
+    elif family == "reranker":
+        if int(config.num_labels) != 1:
+            raise ValueError(
+                f"a reranker scores with one output; this model has {config.num_labels} labels "
+                "(build it as --family classifier)"
+            )
+        module = PairScorer(AutoModelForSequenceClassification.from_pretrained(model_dir, **kwargs))
+        out_dim = 1
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         vocab = int(config.vocab_size)
@@ -352,6 +392,7 @@ def load_model(
         prompts=prompts,
         default_prompt_name=default_prompt,
         labels=labels_of(config) if family == "classifier" else (),
+        input_names=(*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if family == "reranker" else ENGINE_INPUTS,
     )
 
 

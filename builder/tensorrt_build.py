@@ -18,10 +18,8 @@ from pathlib import Path
 import tensorrt as trt
 
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
-from python_backend.contract import ENGINE_INPUTS
 from python_backend.manifest import Bucket, LongRows
 
-INPUT_NAMES = ENGINE_INPUTS
 WORKSPACE_BYTES = 8 << 30
 
 
@@ -64,9 +62,11 @@ def build_engine(
         config.set_flag(trt.BuilderFlag.FP16)
     use_timing_cache(config, timing_cache_path, log)
 
+    # every graph input takes the same [B, T] range: ids, mask, and token types for pair models
+    input_names = [network.get_input(i).name for i in range(network.num_inputs)]
     for min_shape, opt_shape, max_shape in shapes:
         profile = builder.create_optimization_profile()
-        for name in INPUT_NAMES:
+        for name in input_names:
             profile.set_shape(
                 name, trt.Dims2(*min_shape), trt.Dims2(*opt_shape), trt.Dims2(*max_shape)
             )

@@ -21,7 +21,8 @@ TINY: dict[str, Any] = dict(
 
 
 def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
-    """A tiny ``classifier`` (BERT, 3 labels) or ``decoder`` (Llama) saved into ``folder``."""
+    """A tiny ``classifier`` (BERT, 3 labels), ``reranker`` (a BERT cross-encoder: one output
+    over a text pair) or ``decoder`` (Llama) saved into ``folder``."""
     import torch
     import transformers
 
@@ -34,6 +35,14 @@ def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int =
             architectures=["BertForSequenceClassification"],
         )
         model = transformers.BertForSequenceClassification(bert).eval()
+    elif family == "reranker":
+        cross = transformers.BertConfig(
+            **TINY,
+            type_vocab_size=2,
+            id2label={0: "LABEL_0"},
+            architectures=["BertForSequenceClassification"],
+        )
+        model = transformers.BertForSequenceClassification(cross).eval()
     elif family == "decoder":
         llama = transformers.LlamaConfig(
             **TINY, num_key_value_heads=2, architectures=["LlamaForCausalLM"], pad_token_id=0
@@ -43,5 +52,9 @@ def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int =
         raise ValueError(f"no tiny model for the {family!r} family")
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    shutil.copyfile(tokenizer_json, folder / "tokenizer.json")
+    # the tokenizer's files, so that transformers' own tokenizer loads from the folder too
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        source = tokenizer_json.parent / name
+        if source.is_file():
+            shutil.copyfile(source, folder / name)
     return folder

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from python_backend.contract import (
     MAX_ROWS_PER_REQUEST,
     NUM_TOKENS_OUTPUT,
+    PAIR_INPUT,
     PARAMETER_DEFAULTS,
     REQUEST_INPUTS,
 )
@@ -48,6 +49,7 @@ def model_config(
     output_dim: int,
     parameters: dict[str, str] | None = None,
     instances: mc.ModelInstanceGroup | None = None,
+    pair_input: bool = False,
 ) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
     text, input_ids, attention_mask = REQUEST_INPUTS
@@ -58,6 +60,10 @@ def model_config(
     config.input.append(
         mc.ModelInput(name=attention_mask, data_type=mc.TYPE_INT64, dims=[-1], optional=True)
     )
+    if pair_input:  # cross-encoders: the second text of each row
+        config.input.append(
+            mc.ModelInput(name=PAIR_INPUT, data_type=mc.TYPE_STRING, dims=[1], optional=True)
+        )
     config.output.append(
         mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])
     )
@@ -108,6 +114,7 @@ def add_model_variant(
         int(output.dims[0]),
         inherited | (parameters or {}),
         instances=base.instance_group[0] if base.instance_group else None,
+        pair_input=any(i.name == PAIR_INPUT for i in base.input),
     )
     write_config(config, target.parent)
     return config

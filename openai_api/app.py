@@ -1,4 +1,4 @@
-"""The routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, and
+"""The routes: ``POST /v1/embeddings``, ``POST /v1/rerank``, ``GET /v1/models``, ``GET /v1/models/{model}``, and
 ``GET /health`` for the launcher (the front door does not pass it)."""
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from starlette.routing import Route
 
 from openai_api.backend import TritonBackend, check_dimensions
 from openai_api.errors import OpenAIError, bad_request, error_body
-from openai_api.protocol import embeddings_response, model_card, parse_embeddings, shorten
+from openai_api.protocol import (
+    embeddings_response,
+    model_card,
+    parse_embeddings,
+    parse_rerank,
+    rerank_response,
+    shorten,
+)
 
 
 class FastJSONResponse(JSONResponse):
@@ -26,13 +33,16 @@ class FastJSONResponse(JSONResponse):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+async def json_body(request: Request) -> Any:
+    try:
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError as err:
+        raise bad_request(f"the request body is not valid JSON: {err}") from None
+
+
 def create_app(backend: TritonBackend) -> Starlette:
     async def embeddings(request: Request) -> Response:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as err:
-            raise bad_request(f"the request body is not valid JSON: {err}") from None
-        query = parse_embeddings(body)
+        query = parse_embeddings(await json_body(request))
         info = await backend.info(query.model)
         if not info.embeds:
             raise bad_request(
@@ -48,6 +58,17 @@ def create_app(backend: TritonBackend) -> Starlette:
         return FastJSONResponse(
             embeddings_response(query.model, vectors, query.encoding_format, tokens)
         )
+
+    async def rerank(request: Request) -> Response:
+        query = parse_rerank(await json_body(request))
+        info = await backend.info(query.model)
+        if not info.reranks:
+            raise bad_request(
+                f"model `{info.name}` is not a reranker (it answers {info.output_name})",
+                param="model",
+            )
+        scores, tokens = await backend.rerank(info, query.query, query.documents)
+        return FastJSONResponse(rerank_response(query, scores, tokens))
 
     async def models(request: Request) -> Response:
         ready = await backend.ready_models()
@@ -96,6 +117,7 @@ def create_app(backend: TritonBackend) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/rerank", rerank, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

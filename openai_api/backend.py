@@ -14,9 +14,10 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
-from python_backend.contract import FAMILY_OUTPUTS, NUM_TOKENS_OUTPUT, REQUEST_INPUTS
+from python_backend.contract import FAMILY_OUTPUTS, NUM_TOKENS_OUTPUT, PAIR_INPUT, REQUEST_INPUTS
 
 EMBEDDING_OUTPUT = FAMILY_OUTPUTS["embedding"]
+SCORE_OUTPUT = FAMILY_OUTPUTS["reranker"]
 # a model config parameter: the vector sizes `dimensions` may ask for (comma-separated), for
 # models trained to be shortened (Matryoshka); without it, `dimensions` is refused
 DIMENSIONS_PARAMETER = "matryoshka_dimensions"
@@ -34,6 +35,10 @@ class ModelInfo:
     @property
     def embeds(self) -> bool:
         return self.output_name == EMBEDDING_OUTPUT
+
+    @property
+    def reranks(self) -> bool:
+        return self.output_name == SCORE_OUTPUT
 
 
 def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
@@ -117,6 +122,20 @@ class TritonBackend:
         vectors = np.concatenate([p[0] for p in parts], axis=0)
         return vectors, int(sum(p[1] for p in parts))
 
+    async def rerank(
+        self, info: ModelInfo, query: str, documents: list[str]
+    ) -> tuple[np.ndarray, int]:
+        """The score of (query, document) for each document, in their order, and the tokens."""
+        pairs = [(query, d) for d in documents]
+        parts = await asyncio.gather(
+            *(
+                self._infer(info, pairs[a : a + info.max_rows], True, a)
+                for a in range(0, len(pairs), info.max_rows)
+            )
+        )
+        scores = np.concatenate([p[0] for p in parts], axis=0)[:, 0]
+        return scores, int(sum(p[1] for p in parts))
+
     async def _infer(
         self,
         info: ModelInfo,
@@ -127,10 +146,16 @@ class TritonBackend:
     ) -> tuple[np.ndarray, int]:
         text_name, ids_name, mask_name = REQUEST_INPUTS
         if as_text:
-            data = np.array([[t.encode("utf-8")] for t in rows], dtype=np.object_)
-            text = grpcclient.InferInput(text_name, list(data.shape), "BYTES")
-            text.set_data_from_numpy(data)
-            inputs = [text]
+            # rows are texts, or (text, text pair) tuples for rerankers
+            columns = [(text_name, [r[0] if isinstance(r, tuple) else r for r in rows])]
+            if rows and isinstance(rows[0], tuple):
+                columns.append((PAIR_INPUT, [r[1] for r in rows]))
+            inputs = []
+            for name, texts in columns:
+                data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+                tensor = grpcclient.InferInput(name, list(data.shape), "BYTES")
+                tensor.set_data_from_numpy(data)
+                inputs.append(tensor)
         else:
             longest = max(len(r) for r in rows)
             ids = np.zeros((len(rows), longest), dtype=np.int64)

@@ -134,3 +134,73 @@ def embeddings_response(
 
 def model_card(name: str, created: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "triton-batch-planner"}
+
+
+@dataclass(frozen=True)
+class RerankQuery:
+    """The request shape TEI and Cohere share: a query, documents (or TEI's texts), top_n,
+    return_documents; ``raw_scores`` (TEI) returns the model's logits instead of sigmoids."""
+
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None
+    return_documents: bool
+    raw_scores: bool
+
+
+def parse_rerank(body: Any) -> RerankQuery:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` is required: the name of a served reranker", param="model")
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise bad_request("`query` must be a non-empty string", param="query")
+    if "documents" in body and "texts" in body:
+        raise bad_request("send `documents` or `texts`, not both", param="documents")
+    param = "texts" if "texts" in body else "documents"
+    raw = body.get(param)
+    if not isinstance(raw, list) or not raw:
+        raise bad_request(f"`{param}` must be a non-empty list", param=param)
+    documents = []
+    for i, doc in enumerate(raw):
+        text = doc.get("text") if isinstance(doc, dict) else doc  # Cohere: {"text": ...}
+        if not isinstance(text, str) or not text.strip():
+            raise bad_request(f"`{param}[{i}]` must be a non-empty string", param=param)
+        documents.append(text)
+    if len(documents) > MAX_INPUTS:
+        raise bad_request(
+            f"`{param}` has {len(documents)} items; at most {MAX_INPUTS}", param=param
+        )
+    top_n = body.get("top_n")
+    if top_n is not None and (not _is_int(top_n) or top_n < 1):
+        raise bad_request("`top_n` must be a positive integer", param="top_n")
+    flags = {}
+    for name in ("return_documents", "raw_scores"):
+        value = body.get(name, False)
+        if not isinstance(value, bool):
+            raise bad_request(f"`{name}` must be true or false", param=name)
+        flags[name] = value
+    return RerankQuery(
+        model, query, documents, top_n, flags["return_documents"], flags["raw_scores"]
+    )
+
+
+def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
+    """Results sorted by score, best first, each with its index in the request."""
+    scores = logits if query.raw_scores else 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    order = np.argsort(-scores, kind="stable")[: query.top_n]
+    results = []
+    for i in order:
+        result: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+        if query.return_documents:
+            result["document"] = {"text": query.documents[i]}
+        results.append(result)
+    return {
+        "object": "list",
+        "model": query.model,
+        "results": results,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

@@ -6,21 +6,44 @@ from __future__ import annotations
 
 from enum import Enum
 
+import numpy as np
+
 # -- the engine graph (ONNX export, ONNX Runtime, TensorRT profiles) --------------------------
 
 # the graph's inputs, in order: [B, T] int64 each. Padding, the engines and the load-time I/O
 # check take inputs by these names, so a family with a third input only extends this list.
 ENGINE_INPUTS: tuple[str, ...] = ("input_ids", "attention_mask")
+# the third input of pair models (cross-encoders): [B, T] int64, 0 for the first text's tokens
+# and 1 for the second's. Inside the server a row stays one int64 array: a token's type rides in
+# the bits above TOKEN_TYPE_SHIFT of its id (ids are far below 2**32), so queueing, planning and
+# padding are the same for every family; the engines split the two before the graph sees them.
+TOKEN_TYPE_INPUT = "token_type_ids"
+TOKEN_TYPE_SHIFT = 32
+_ID_BITS = (1 << TOKEN_TYPE_SHIFT) - 1
+
+
+def pack_token_types(ids: np.ndarray, types: np.ndarray) -> np.ndarray:
+    """One int64 row: each token's id, its type in the bits above TOKEN_TYPE_SHIFT."""
+    return ids.astype(np.int64) | (types.astype(np.int64) << TOKEN_TYPE_SHIFT)
+
+
+def split_token_types(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, token types) of packed rows; rows without types give types of 0."""
+    return packed & _ID_BITS, packed >> TOKEN_TYPE_SHIFT
+
+
 # the graph's one output, [B, D] float32, is named after what the model serves (FAMILY_OUTPUTS)
 
 # -- the Triton model's interface -------------------------------------------------------------
 
 REQUEST_INPUTS: tuple[str, ...] = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
+PAIR_INPUT = "TEXT_PAIR"  # pair models: the second text of each row, beside TEXT
 NUM_TOKENS_OUTPUT = "NUM_TOKENS"  # [rows, 1] int32: tokens each row used, after truncation
 FAMILY_OUTPUTS: dict[str, str] = {  # the one float output each model family serves
     "embedding": "EMBEDDING",
     "classifier": "LOGITS",
     "decoder": "LOGITS",
+    "reranker": "SCORE",  # cross-encoders: a relevance logit per (text, text pair)
 }
 FAMILIES: tuple[str, ...] = tuple(FAMILY_OUTPUTS)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, REQUEST_INPUTS
+from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, PAIR_INPUT, REQUEST_INPUTS
 from python_backend.tokenization import TextTokenizer
 
 # a token covers at least one character, and real text averages 4-5 per token: a row of more
@@ -33,6 +33,7 @@ class Limits:
     max_rows: int  # rows per request (the config's max_batch_size)
     max_length: int  # tokens per row the engine takes
     vocab_size: int  # token ids lie in [0, vocab_size)
+    pairs: bool = False  # a pair model: each row is TEXT with its TEXT_PAIR
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,17 @@ def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
     return rows
 
 
-def decode_text(
-    text: np.ndarray,
-    tokenizer: TextTokenizer,
-    limits: Limits,
-    options: RequestOptions,
-    prompts: Prompts | None = None,
-) -> list[np.ndarray]:
+def _text_rows(name: str, text: np.ndarray, limits: Limits, options: RequestOptions) -> list[str]:
+    """The UTF-8 rows of a [rows, 1] BYTES input, each checked; over-long rows cut (truncate)
+    or refused."""
     if text.dtype != np.object_ and text.dtype.kind not in ("S", "U"):
-        raise RequestError(f"input TEXT must be BYTES (strings), got {text.dtype}", "bad_dtype")
-    _rows_in("TEXT", text, limits)
+        raise RequestError(f"input {name} must be BYTES (strings), got {text.dtype}", "bad_dtype")
+    _rows_in(name, text, limits)
     if text.shape[1] != 1:
         raise RequestError(
-            f"input TEXT must have shape [rows, 1], got {list(text.shape)}", "bad_shape"
+            f"input {name} must have shape [rows, 1], got {list(text.shape)}", "bad_shape"
         )
     max_bytes = limits.max_length * MAX_TEXT_BYTES_PER_TOKEN
-    prefix = (prompts or Prompts()).prefix(options.prompt_name)
     texts = []
     for r, value in enumerate(text[:, 0]):
         raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
@@ -130,20 +126,44 @@ def decode_text(
             decoded = raw.decode("utf-8")
         except UnicodeDecodeError as err:
             raise RequestError(
-                f"TEXT row {r} is not valid UTF-8 (byte {err.start})", "bad_text"
+                f"{name} row {r} is not valid UTF-8 (byte {err.start})", "bad_text"
             ) from None
         if not decoded.strip():
-            raise RequestError(f"TEXT row {r} is empty", "empty_row")
+            raise RequestError(f"{name} row {r} is empty", "empty_row")
         if len(raw) > max_bytes:
             if not options.truncate:
                 raise RequestError(
-                    f"TEXT row {r} is {len(raw)} bytes, far over the {limits.max_length}-token "
+                    f"{name} row {r} is {len(raw)} bytes, far over the {limits.max_length}-token "
                     f"limit (truncate is off)",
                     "too_long",
                 )
             decoded = decoded[:max_bytes]  # the tail would be truncated away anyway
-        texts.append(prefix + decoded)
-    rows = tokenizer.encode(texts, truncate=options.truncate)
+        texts.append(decoded)
+    return texts
+
+
+def decode_text(
+    text: np.ndarray,
+    tokenizer: TextTokenizer,
+    limits: Limits,
+    options: RequestOptions,
+    prompts: Prompts | None = None,
+    pair: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    prefix = (prompts or Prompts()).prefix(options.prompt_name)
+    texts = [prefix + t for t in _text_rows("TEXT", text, limits, options)]
+    if pair is not None:
+        if pair.shape != text.shape:
+            raise RequestError(
+                f"input TEXT_PAIR must have TEXT's shape {list(text.shape)}, got "
+                f"{list(pair.shape)}",
+                "bad_shape",
+            )
+        rows = tokenizer.encode_pairs(
+            texts, _text_rows("TEXT_PAIR", pair, limits, options), options.truncate
+        )
+    else:
+        rows = tokenizer.encode(texts, truncate=options.truncate)
     for r, ids in enumerate(rows):
         if len(ids) == 0:
             raise RequestError(f"TEXT row {r} has no tokens", "empty_row")
@@ -219,6 +239,15 @@ def decode_request(
 ) -> DecodedRequest:
     """Validated token rows of one request; raises RequestError naming what is wrong."""
     text, ids, mask = (inputs.get(name) for name in REQUEST_INPUTS)
+    pair = inputs.get(PAIR_INPUT)
+    if limits.pairs and (text is None or pair is None):
+        raise RequestError(
+            "this model scores pairs: send TEXT and TEXT_PAIR (one pair per row)", "bad_inputs"
+        )
+    if pair is not None and not limits.pairs:
+        raise RequestError(
+            "TEXT_PAIR is for pair models (rerankers); this model takes TEXT", "bad_inputs"
+        )
     if text is not None and ids is not None:
         raise RequestError("send exactly one of TEXT or INPUT_IDS, not both", "bad_inputs")
     if text is None and ids is None:
@@ -226,7 +255,7 @@ def decode_request(
     if text is not None:
         if mask is not None:
             raise RequestError("ATTENTION_MASK goes with INPUT_IDS, not TEXT", "bad_inputs")
-        rows = decode_text(text, tokenizer, limits, options, prompts)
+        rows = decode_text(text, tokenizer, limits, options, prompts, pair)
     else:
         assert ids is not None
         if options.prompt_name is not None:

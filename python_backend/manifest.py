@@ -73,6 +73,7 @@ class Manifest:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names in output order (id2label); () if none
+    pair_input: bool = False  # takes TEXT with TEXT_PAIR; the graph has token_type_ids
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -206,6 +207,11 @@ def manifest_from_dict(data: Any) -> Manifest:
     labels = data.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise ManifestError("manifest field 'labels' must list class names")
+    pair_input = data.get("pair_input", False)
+    if not isinstance(pair_input, bool):
+        raise ManifestError(f"manifest field 'pair_input' has the wrong type: {pair_input!r}")
+    if pair_input != (family == "reranker"):
+        raise ManifestError("manifest field 'pair_input' is true exactly for the reranker family")
     return Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -222,6 +228,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         prompts=dict(prompts),
         default_prompt_name=default_prompt,
         labels=tuple(labels),
+        pair_input=pair_input,
         engine_files=tuple(engine_files),
         precision=_choice(data, "precision", PRECISIONS),
         cost_model=cost,

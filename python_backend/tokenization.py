@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from python_backend.contract import pack_token_types
+
 
 class TextTokenizer:
     def __init__(self, path: Path, max_length: int) -> None:
@@ -27,3 +29,12 @@ class TextTokenizer:
         """Token ids per text, int64; with truncate off, rows may exceed ``max_length``."""
         tokenizer = self._truncating if truncate else self._whole
         return [np.asarray(e.ids, dtype=np.int64) for e in tokenizer.encode_batch(texts)]
+
+    def encode_pairs(self, texts: list[str], pairs: list[str], truncate: bool) -> list[np.ndarray]:
+        """Each (text, pair) as one row, with its token types packed into the ids (contract);
+        truncation takes tokens from the longer of the two first."""
+        tokenizer = self._truncating if truncate else self._whole
+        return [
+            pack_token_types(np.asarray(e.ids), np.asarray(e.type_ids))
+            for e in tokenizer.encode_batch(list(zip(texts, pairs, strict=True)))
+        ]

@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend.contract import (
     NUM_TOKENS_OUTPUT,
+    PAIR_INPUT,
     REQUEST_INPUTS,
     SHUTDOWN_DRAIN_S,
     ErrorKind,
@@ -66,7 +67,12 @@ class TritonPythonModel:
         )
         longest = engine.layout.longest_row
         self.tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
-        self.limits = Limits(int(config["max_batch_size"]), longest, manifest.vocab_size)
+        self.limits = Limits(
+            int(config["max_batch_size"]),
+            longest,
+            manifest.vocab_size,
+            pairs=bool(getattr(manifest, "pair_input", False)),
+        )
         self.prompts = Prompts(
             dict(getattr(manifest, "prompts", {}) or {}),
             getattr(manifest, "default_prompt_name", None),
@@ -123,7 +129,7 @@ class TritonPythonModel:
             parameters, self.settings.truncate_default, self.settings.default_timeout_ms
         )
         inputs = {}
-        for name in REQUEST_INPUTS:
+        for name in (*REQUEST_INPUTS, PAIR_INPUT):
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from python_backend.contract import ENGINE_INPUTS
+from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Manifest
 
@@ -50,21 +50,17 @@ class OnnxRuntimeEngine:
             str(path), sess_options=session_options(), providers=providers(device)
         )
         self.provider = self.session.get_providers()[0]
+        self.pair_input = manifest.pair_input
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        (out,) = self.session.run(
-            [self.output_name],
-            dict(
-                zip(
-                    ENGINE_INPUTS,
-                    (
-                        input_ids.astype(np.int64, copy=False),
-                        attention_mask.astype(np.int64, copy=False),
-                    ),
-                    strict=True,
-                )
-            ),
-        )
+        ids_name, mask_name = ENGINE_INPUTS
+        feed = {
+            ids_name: input_ids.astype(np.int64, copy=False),
+            mask_name: attention_mask.astype(np.int64, copy=False),
+        }
+        if self.pair_input:  # token types ride in the ids' high bits (contract)
+            feed[ids_name], feed[TOKEN_TYPE_INPUT] = split_token_types(feed[ids_name])
+        (out,) = self.session.run([self.output_name], feed)
         return np.asarray(out, dtype=np.float32)
 
     def close(self) -> None:

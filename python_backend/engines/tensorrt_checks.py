@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from python_backend.contract import ENGINE_INPUTS
+from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
 
 
 class EngineContractError(RuntimeError):
@@ -47,9 +47,13 @@ class IOTensor:
     rank: int
 
 
-def check_io_contract(tensors: Iterable[IOTensor], output_name: str) -> None:
-    """The runtime binds ids and mask as INT64 [B, T] and the output as FLOAT [B, D]."""
-    expected = {name: (True, "INT64") for name in ENGINE_INPUTS}
+def check_io_contract(
+    tensors: Iterable[IOTensor], output_name: str, pair_input: bool = False
+) -> None:
+    """The runtime binds ids and mask (and token types for pair models) as INT64 [B, T] and the
+    output as FLOAT [B, D]."""
+    inputs = (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if pair_input else ENGINE_INPUTS
+    expected = {name: (True, "INT64") for name in inputs}
     expected[output_name] = (False, "FLOAT")
     seen: set[str] = set()
     for tensor in tensors:

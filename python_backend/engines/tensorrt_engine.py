@@ -30,7 +30,7 @@ import numpy as np
 import tensorrt as trt
 import torch
 
-from python_backend.contract import ENGINE_INPUTS
+from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
 from python_backend.engines.base import BucketLayout
 from python_backend.engines.tensorrt_checks import (
     IOTensor,
@@ -39,8 +39,6 @@ from python_backend.engines.tensorrt_checks import (
     require_built_by,
 )
 from python_backend.manifest import Manifest
-
-INPUT_NAMES = ENGINE_INPUTS
 
 
 @dataclass
@@ -97,7 +95,11 @@ class TensorRTEngine:
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not load {path} (see the TensorRT log above)")
-        check_io_contract(self._io_tensors(), self.output_name)
+        self.pair_input = manifest.pair_input
+        self.input_names = (
+            (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if self.pair_input else tuple(ENGINE_INPUTS)
+        )
+        check_io_contract(self._io_tensors(), self.output_name, self.pair_input)
         expected = len(manifest.buckets) + (1 if manifest.long_rows else 0)
         if self.engine.num_optimization_profiles != expected:
             raise RuntimeError(
@@ -120,12 +122,19 @@ class TensorRTEngine:
         )
         self.ids = torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
         self.mask = torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
+        # pair models' token types (all zero, and unbound, for the other families)
+        self.types = torch.zeros(
+            max_tokens if self.pair_input else 1, dtype=torch.int64, device=self.device
+        )
         self.out = torch.empty(
             (max_rows_all, self.output_dim), dtype=torch.float32, device=self.device
         )
         # pinned staging buffers: host<->device copies are then asynchronous DMA
         self.host_ids = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
         self.host_mask = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
+        self.host_types = torch.empty(
+            max_tokens if self.pair_input else 1, dtype=torch.int64, pin_memory=True
+        )
         self.host_out = torch.empty(
             (max_rows_all, self.output_dim), dtype=torch.float32, pin_memory=True
         )
@@ -177,11 +186,13 @@ class TensorRTEngine:
         input_ids, attention_mask = ENGINE_INPUTS
         context.set_tensor_address(input_ids, self.ids.data_ptr())
         context.set_tensor_address(attention_mask, self.mask.data_ptr())
+        if self.pair_input:
+            context.set_tensor_address(TOKEN_TYPE_INPUT, self.types.data_ptr())
         context.set_tensor_address(self.output_name, self.out.data_ptr())
         return _Profile(index, length, max_rows, context)
 
     def _set_shape(self, profile: _Profile, batch: int, length: int) -> None:
-        for name in INPUT_NAMES:
+        for name in self.input_names:
             if not profile.context.set_input_shape(name, trt.Dims2(batch, length)):
                 raise RuntimeError(f"profile {profile.index} refuses shape [{batch}, {length}]")
 
@@ -196,6 +207,8 @@ class TensorRTEngine:
         with torch.cuda.stream(self.stream):
             self.ids[:n].fill_(self.pad_token_id)
             self.mask[:n].fill_(1)
+            if self.pair_input:
+                self.types[:n].fill_(0)
             self._set_shape(profile, batch, length)
             self._enqueue(profile)
         self.stream.synchronize()
@@ -246,11 +259,17 @@ class TensorRTEngine:
         batch = self.layout.run_batch_size(length, rows) if profile.fixed_length else rows
         n_real, n_run = rows * length, batch * length
         # stage into pinned memory; rows past the real ones carry one real (pad) token
+        if self.pair_input:  # token types ride in the ids' high bits (contract)
+            input_ids, types = split_token_types(input_ids)
+            self.host_types[:n_real].numpy()[:] = types.reshape(-1)
         self.host_ids[:n_real].numpy()[:] = input_ids.reshape(-1)
         self.host_mask[:n_real].numpy()[:] = attention_mask.reshape(-1)
         with torch.cuda.stream(self.stream):
             self.ids[:n_real].copy_(self.host_ids[:n_real], non_blocking=True)
             self.mask[:n_real].copy_(self.host_mask[:n_real], non_blocking=True)
+            if self.pair_input:
+                self.types[:n_real].copy_(self.host_types[:n_real], non_blocking=True)
+                self.types[n_real:n_run].fill_(0)
             if n_run > n_real:
                 self.ids[n_real:n_run].fill_(self.pad_token_id)
                 filler = self.mask[n_real:n_run].view(batch - rows, length)
@@ -268,7 +287,7 @@ class TensorRTEngine:
 
     def memory_bytes(self) -> dict[str, int]:
         """Device memory the engine holds, by what it is for (gpu_check prints it)."""
-        io = (self.ids.numel() + self.mask.numel()) * 8 + self.out.numel() * 4
+        io = (self.ids.numel() + self.mask.numel() + self.types.numel()) * 8 + self.out.numel() * 4
         return {"activations": self.activation_bytes, "io_buffers": io}
 
     def close(self) -> None:

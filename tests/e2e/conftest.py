@@ -40,6 +40,24 @@ def build_repository(root: Path) -> Path:
             quiet=True,
         )
     )
+    # a small cross-encoder built from a config with a fixed seed, for /v1/rerank
+    from builder.build import default_model_dir
+    from builder.tiny_models import save_tiny_model
+
+    reranker = save_tiny_model(
+        "reranker", root / "tiny-reranker", default_model_dir() / "tokenizer.json"
+    )
+    build(
+        BuildSpec(
+            model_dir=reranker,
+            name="reranker",
+            repository=repository,
+            engine="onnxruntime",
+            buckets=(32, 64, 128),
+            calibration_repeats=0,
+            quiet=True,
+        )
+    )
     return repository
 
 
@@ -131,7 +149,7 @@ def stack(repository, tmp_path_factory):
         repository,
         tmp_path_factory.mktemp("stack"),
         {"API_KEY": API_KEY},
-        models=("minilm", "minilm_matryoshka", "minilm_prompts"),
+        models=("minilm", "minilm_matryoshka", "minilm_prompts", "reranker"),
     )
     _LOGS.append(own.log_path)
     own.start()

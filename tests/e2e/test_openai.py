@@ -127,6 +127,7 @@ def test_models_are_listed(api):
         "minilm",
         "minilm_matryoshka",
         "minilm_prompts",
+        "reranker",
     ]
     assert api.models.retrieve("minilm").id == "minilm"
 
@@ -195,3 +196,95 @@ def test_the_front_doors_own_refusals_on_v1_are_openai_shaped(stack):
     )
     with pytest.raises(openai.AuthenticationError):
         wrong.embeddings.create(model="minilm", input="x")
+
+
+QUERY = "how does the planner group rows"
+DOCUMENTS = [
+    "Bananas are yellow.",
+    "It splits the rows sorted by length into groups with an exact dynamic program.",
+    "Each group runs at the bucket of its longest row.",
+    "Rows longer than the last bucket are grouped by exact length.",
+]
+
+
+def kserve_scores(stack, query: str, documents: list[str]) -> np.ndarray:
+    """The reranker's logits through KServe v2 infer on the same door: TEXT with TEXT_PAIR."""
+    import tritonclient.http as httpclient
+
+    c = client(stack, "http")
+    inputs = []
+    for name, texts in (("TEXT", [query] * len(documents)), ("TEXT_PAIR", documents)):
+        tensor = httpclient.InferInput(name, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+        inputs.append(tensor)
+    result = c.infer("reranker", inputs, headers={"authorization": f"Bearer {API_KEY}"})
+    return result.as_numpy("SCORE")[:, 0]
+
+
+def rerank(stack, body: dict) -> tuple[int, dict]:
+    return raw(
+        stack,
+        "/v1/rerank",
+        json.dumps(body).encode(),
+        {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+
+
+def test_rerank_sorts_documents_by_the_models_own_score(stack):
+    logits = kserve_scores(stack, QUERY, DOCUMENTS)
+    expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    status, answer = rerank(stack, {"model": "reranker", "query": QUERY, "documents": DOCUMENTS})
+    assert status == 200, answer
+    indices = [r["index"] for r in answer["results"]]
+    assert indices == list(np.argsort(-expected, kind="stable"))
+    got = np.array([r["relevance_score"] for r in answer["results"]])
+    assert np.abs(got - expected[indices]).max() <= 1e-6
+    assert "document" not in answer["results"][0]
+    assert answer["usage"]["prompt_tokens"] > 0
+
+
+def test_rerank_takes_teis_and_coheres_options(stack):
+    logits = kserve_scores(stack, QUERY, DOCUMENTS)
+    best = int(np.argmax(logits))
+    status, answer = rerank(
+        stack,
+        {
+            "model": "reranker",
+            "query": QUERY,
+            "texts": DOCUMENTS,  # TEI's name for the documents
+            "top_n": 2,
+            "return_documents": True,
+            "raw_scores": True,
+        },
+    )
+    assert status == 200, answer
+    assert len(answer["results"]) == 2
+    first = answer["results"][0]
+    assert first["index"] == best and first["document"] == {"text": DOCUMENTS[best]}
+    assert abs(first["relevance_score"] - float(logits[best])) <= 1e-5
+    # Cohere's document objects
+    status, answer = rerank(
+        stack,
+        {"model": "reranker", "query": QUERY, "documents": [{"text": d} for d in DOCUMENTS]},
+    )
+    assert status == 200 and len(answer["results"]) == len(DOCUMENTS)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"model": "minilm", "query": "q", "documents": ["d"]}, 400, "is not a reranker"),
+        ({"model": "nope", "query": "q", "documents": ["d"]}, 404, "does not exist"),
+        ({"model": "reranker", "query": "", "documents": ["d"]}, 400, "`query`"),
+        ({"model": "reranker", "query": "q", "documents": []}, 400, "`documents`"),
+        ({"model": "reranker", "query": "q", "documents": ["d"], "top_n": 0}, 400, "`top_n`"),
+    ],
+)
+def test_rerank_errors_are_openai_shaped(stack, body, status, words):
+    got, answer = rerank(stack, body)
+    assert got == status and words in answer["error"]["message"]
+
+
+def test_a_reranker_does_not_embed(api):
+    with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
+        api.embeddings.create(model="reranker", input="x")

@@ -133,3 +133,53 @@ def test_triton_failures_map_to_openai_statuses(status, http):
     err = from_triton(status, "boom", "inputs 0..3: ")
     assert err.status == http
     assert err.message == ("inputs 0..3: boom" if http == 400 else "boom")
+
+
+def test_rerank_requests_in_tei_and_cohere_shapes():
+    from openai_api.protocol import parse_rerank
+
+    tei = parse_rerank({"model": "r", "query": "q", "texts": ["a", "b"], "raw_scores": True})
+    cohere = parse_rerank(
+        {"model": "r", "query": "q", "documents": [{"text": "a"}, "b"], "top_n": 1}
+    )
+    assert tei.documents == cohere.documents == ["a", "b"]
+    assert tei.raw_scores and not cohere.raw_scores and cohere.top_n == 1
+    for body, param in (
+        ({"model": "r", "query": "q", "texts": ["a"], "documents": ["a"]}, "documents"),
+        ({"model": "r", "query": "q", "documents": [{"title": "a"}]}, "documents"),
+        (
+            {"model": "r", "query": "q", "documents": ["a"], "return_documents": "yes"},
+            "return_documents",
+        ),
+        ({"model": "r", "documents": ["a"]}, "query"),
+    ):
+        with pytest.raises(OpenAIError) as err:
+            parse_rerank(body)
+        assert err.value.status == 400 and err.value.param == param
+
+
+def test_rerank_results_are_sorted_best_first_with_their_indices():
+    from openai_api.protocol import parse_rerank, rerank_response
+
+    query = parse_rerank(
+        {"model": "r", "query": "q", "documents": ["a", "b", "c"], "return_documents": True}
+    )
+    answer = rerank_response(query, np.array([0.0, 2.0, -1.0], dtype=np.float32), 9)
+    assert [r["index"] for r in answer["results"]] == [1, 0, 2]
+    assert answer["results"][0]["document"] == {"text": "b"}
+    assert abs(answer["results"][0]["relevance_score"] - 1 / (1 + np.exp(-2.0))) < 1e-9
+    assert answer["results"][1]["relevance_score"] == 0.5
+    top = rerank_response(
+        parse_rerank(
+            {
+                "model": "r",
+                "query": "q",
+                "documents": ["a", "b", "c"],
+                "top_n": 1,
+                "raw_scores": True,
+            }
+        ),
+        np.array([0.0, 2.0, -1.0], dtype=np.float32),
+        9,
+    )
+    assert [(r["index"], r["relevance_score"]) for r in top["results"]] == [(1, 2.0)]
