@@ -101,3 +101,57 @@ def test_the_build_command_line_takes_the_gpus_to_put_instances_on():
     spec = from_cli_args(parser.parse_args(["--engine", "tensorrt", "--gpus", "0,2,3"]))
     assert spec.validate().gpus == (0, 2, 3)
     assert from_cli_args(parser.parse_args([])).gpus is None
+
+
+def test_a_reranker_is_checked_by_its_score_with_pairs_in_every_row(tmp_path, minilm_dir):
+    from builder.tiny_models import save_tiny_model
+    from python_backend.contract import split_token_types
+
+    folder = save_tiny_model("reranker", tmp_path / "reranker", minilm_dir / "tokenizer.json")
+    version = build_onnx(
+        tmp_path / "repo",
+        folder,
+        "rerank",
+        buckets=(8, 16),
+        max_length=40,
+        last_bucket=16,
+        max_batch=8,
+        token_budget=64,
+    ).version_dir
+    manifest = load_manifest(version)
+    manifest = replace(
+        manifest,
+        buckets=tuple(
+            replace(b, captured_batch_sizes=tuple(sorted({1, 2, b.max_rows})))
+            for b in manifest.buckets
+        ),
+    )
+    seen_types = set()
+
+    class Recording(WrongAt):
+        def run(self, ids, mask):
+            seen_types.update(np.unique(split_token_types(ids)[1]).tolist())
+            return super().run(ids, mask)
+
+    engine = Recording(open_engine(manifest, version), 0, 0)  # wrong at no shape
+    results = check_engine(
+        engine, open_engine(manifest, version), manifest, 0.999, np.random.default_rng(0)
+    )
+    assert all(r.ok for r in results) and seen_types == {0, 1}
+
+    class ShiftedAt(WrongAt):
+        def run(self, ids, mask):
+            out = self.engine.run(ids, mask)
+            if ids.shape == self.shape:
+                out[0] += 0.5
+            return out
+
+    wrong = ShiftedAt(open_engine(manifest, version), 2, manifest.buckets[0].length)
+    results = check_engine(
+        wrong, open_engine(manifest, version), manifest, 0.999, np.random.default_rng(0)
+    )
+    # a shifted score is a mismatch although its cosine with the right one (its sign) is 1
+    assert {(r.phase, r.batch) for r in results if not r.ok} == {
+        ("captured", 2),
+        ("captured-again", 2),
+    }
