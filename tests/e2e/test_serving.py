@@ -160,3 +160,23 @@ def test_a_broken_manifest_fails_model_load_naming_the_field(repository, tmp_pat
     with pytest.raises(RuntimeError, match="tritonserver exited"):
         start_server(broken, log)
     assert "manifest field 'family' is missing" in log.read_text()
+
+
+def test_a_classifier_names_its_classes_through_tritons_classification_extension(server):
+    import tritonclient.http as httpclient
+
+    c = client(server, "http")
+    rows = ["a good day", "a bad day"]
+    logits = c.infer("classifier", text_inputs("http", rows)).as_numpy("LOGITS")
+    top = c.infer(
+        "classifier",
+        text_inputs("http", rows),
+        outputs=[httpclient.InferRequestedOutput("LOGITS", class_count=2)],
+    ).as_numpy("LOGITS")
+    names = ["negative", "neutral", "positive"]
+    for r in range(len(rows)):
+        order = np.argsort(-logits[r])[:2]
+        got = [entry.decode().split(":") for entry in top[r]]
+        assert [int(i) for _, i, _ in got] == order.tolist()
+        assert [name for *_, name in got] == [names[i] for i in order]
+        assert np.allclose([float(v) for v, _, _ in got], logits[r][order], atol=1e-5)
