@@ -539,35 +539,77 @@ def validate(lengths: Sequence[int], ms: int) -> tuple[str, float]:
     return "\n".join(lines), us_per_row
 
 
-def gain_by_fixed_cost(lengths: Sequence[int], us_per_row: float) -> str:
+FIXED_COSTS_TOKENS = (15, 50, 150, 300, 600, 1200)
+GAIN_PLOT = ROOT / "docs" / "simulate_gain.png"
+
+
+def gain_points(lengths: Sequence[int], us_per_row: float) -> list[dict[str, float]]:
     """Rows/s of each policy at 64 clients as the fixed cost of a forward grows, per-token cost
     held at the A30 rule's; with the server's own time per row left out (the engine alone) and
     included (as measured here)."""
     a30 = gpu_table("a30")
     # the A30 rule's cost of one more token at T=64 (its B=64 forward less its B=1 forward)
     per_token_s = (a30.seconds(64, 64) - a30.seconds(1, 64)) / (63 * 64)
+    points = []
+    for tokens in FIXED_COSTS_TOKENS:
+        fixed_s = tokens * per_token_s
+        table = linear_table(fixed_s, per_token_s, f"fixed {tokens} tokens")
+        for server in (0.0, us_per_row):
+            point = {"tokens": float(tokens), "fixed_ms": fixed_s * 1e3, "server_us": server}
+            for p in POLICIES:
+                point[p] = simulate(
+                    lengths, table, p, concurrency=64, seconds=10, server_us_per_row=server
+                ).rows_per_s
+            points.append(point)
+    return points
+
+
+def plot_gain(points: list[dict[str, float]], path: Path = GAIN_PLOT) -> Path:
+    """Two panels, the engine alone and with the server's time per row: each policy's rows/s
+    against the fixed cost of a forward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = sorted({p["server_us"] for p in points})
+    fig, axes = plt.subplots(1, len(servers), figsize=(6 * len(servers), 4.2), squeeze=False)
+    for ax, server in zip(axes[0], servers, strict=True):
+        mine = [p for p in points if p["server_us"] == server]
+        for policy in POLICIES:
+            ax.plot(
+                [p["tokens"] for p in mine], [p[policy] for p in mine], marker="o", label=policy
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("fixed cost of a forward (padded tokens)")
+        ax.set_ylabel("simulated rows/s at 64 clients")
+        title = "engine alone" if server == 0 else f"with the server's {server:.0f} us per row"
+        ax.set_title(f"A30 per-token cost, {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def gain_by_fixed_cost(lengths: Sequence[int], us_per_row: float) -> str:
+    """The gain table (``gain_points``), and its plot written to docs/."""
+    points = gain_points(lengths, us_per_row)
+    plot_gain(points)
     lines = [
         "| fixed cost (tokens) | fixed cost (ms) | server us/row | "
         + " | ".join(POLICIES)
         + " | DP / per-bucket | DP / best peer |",
         "|---" * (len(POLICIES) + 5) + "|",
     ]
-    for tokens in (15, 50, 150, 300, 600, 1200):
-        fixed_s = tokens * per_token_s
-        table = linear_table(fixed_s, per_token_s, f"fixed {tokens} tokens")
-        for server in (0.0, us_per_row):
-            rates = {
-                p: simulate(
-                    lengths, table, p, concurrency=64, seconds=10, server_us_per_row=server
-                ).rows_per_s
-                for p in POLICIES
-            }
-            peers = max(rates[p] for p in POLICIES[2:])
-            lines.append(
-                f"| {tokens} | {fixed_s * 1e3:.3f} | {server:.0f} | "
-                + " | ".join(f"{rates[p]:.0f}" for p in POLICIES)
-                + f" | {rates['dp'] / rates['per_bucket']:.2f}x | {rates['dp'] / peers:.2f}x |"
-            )
+    for rates in points:
+        peers = max(rates[p] for p in POLICIES[2:])
+        lines.append(
+            f"| {rates['tokens']:.0f} | {rates['fixed_ms']:.3f} | {rates['server_us']:.0f} | "
+            + " | ".join(f"{rates[p]:.0f}" for p in POLICIES)
+            + f" | {rates['dp'] / rates['per_bucket']:.2f}x | {rates['dp'] / peers:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -642,6 +684,8 @@ def report(lengths: Sequence[int], ms: int, slo_ms: float) -> str:
             "",
             gain_by_fixed_cost(lengths, us_per_row),
             "",
+            "![simulated rows/s against the fixed cost of a forward](simulate_gain.png)",
+            "",
             f"### Throughput under a p99 SLO of {slo_ms:.0f} ms (open loop, Poisson)",
             "",
             "Highest rate each policy sustains with p99 under the SLO, with the server's own time",
@@ -696,9 +740,18 @@ def main(argv: list[str] | None = None) -> int:
         help="validate against the real server, then the GPU answers; writes docs/PERFORMANCE.md",
     )
     parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--plot",
+        action="store_true",
+        help="only the plot of rows/s against the fixed cost of a forward (docs/simulate_gain.png), "
+        "with --server-us-per-row as the server's own time",
+    )
     parser.add_argument("--measurement-ms", type=int, default=4000)
     args = parser.parse_args(argv)
     lengths = read_lengths(args.lengths)
+    if args.plot:
+        print(plot_gain(gain_points(lengths, args.server_us_per_row)))
+        return 0
     if args.report:
         text = report(lengths, args.measurement_ms, args.slo_ms)
         print(text)
