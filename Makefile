@@ -54,9 +54,11 @@ serve: setup $(MANIFEST)
 bench-planner: setup
 	$(PY) -m bench.planner
 
-# the planner model beside Triton's dynamic batcher, under perf_analyzer; writes docs/PERFORMANCE.md
+# the planner model beside Triton's dynamic batcher, under perf_analyzer, then beside Infinity
+# (installed into build/infinity-venv on first use) with one HTTP client; writes docs/PERFORMANCE.md
 bench: setup
 	$(PY) -m bench.serving
+	$(PY) -m bench.infinity_peer
 
 # the simulator: validated against the real server here, then the planner at GPU-speed forwards;
 # writes its section of docs/PERFORMANCE.md

@@ -1,0 +1,198 @@
+"""A served peer a user would pick instead: Infinity (infinity-emb), side by side with this
+project and Triton's dynamic batcher, with one HTTP client of equal cost for all three.
+
+    python -m bench.infinity_peer [--concurrency 8,32,64] [--seconds 8]
+
+Infinity runs in a virtual environment of its own under build/ (``infinity-emb[server,torch]``
+0.0.78 beside torch 2.13.0 for the CPU; its ONNX engine does not install with current packages),
+serving the same MiniLM from the same local directory with its torch engine on the CPU, batch
+size 64, and its OpenAI-style ``POST /embeddings``. This project answers ``/v1/embeddings``
+(the OpenAI adapter) and the dynamic-batching peer KServe ``infer``, both through the front door.
+The client (bench/openai_cost.py's closed loop: aiohttp, one real text row per request, every
+answer parsed as JSON) is the same for all; the three take turns at each concurrency, the order
+flipping every round, so the shared machine's drift falls on all alike. Only one server works at
+a time; the others wait idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.docs import write_section
+from bench.openai_cost import closed_loop, kserve_body, start_adapter
+from bench.serving import INPUT_DATA, PEER, ROOT, build_repository, warm_up
+from tools.front_door import FrontDoor, FrontDoorSettings
+from tools.triton_server import TritonServer, answers_ok, free_port
+
+BEGIN, END = "<!-- infinity:begin -->", "<!-- infinity:end -->"
+INFINITY_VENV = ROOT / "build" / "infinity-venv"
+INFINITY_PACKAGES = ["infinity-emb[server,torch]==0.0.78", "torch==2.13.0"]
+MODEL = "planner_dp"
+
+
+def ensure_infinity(venv: Path = INFINITY_VENV) -> Path:
+    """Infinity's command, installed into its own virtual environment on first use."""
+    binary = venv / "bin" / "infinity_emb"
+    if not binary.is_file():
+        print(f"installing {' '.join(INFINITY_PACKAGES)} into {venv} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "--quiet", *INFINITY_PACKAGES], check=True
+        )
+    return binary
+
+
+def start_infinity(binary: Path, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    command = [str(binary), "v2", "--model-id", str(model_dir), "--served-model-name", "minilm"]
+    command += ["--engine", "torch", "--device", "cpu", "--batch-size", "64"]
+    command += ["--port", str(port), "--host", "127.0.0.1"]
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while not answers_ok(f"http://127.0.0.1:{port}/health"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"Infinity did not start: {log.read_text()[-1500:]}")
+        time.sleep(0.5)
+    return process
+
+
+def infinity_body(text: str) -> bytes:
+    return json.dumps({"model": "minilm", "input": [text]}).encode()
+
+
+def openai_body(text: str) -> bytes:
+    return json.dumps({"model": MODEL, "input": text, "encoding_format": "float"}).encode()
+
+
+def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, dict]]:
+    from builder.build import default_model_dir
+
+    binary = ensure_infinity()
+    repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
+    texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        server = TritonServer(
+            repository, free_port(), free_port(), free_port(), log_path=tmp / "triton.log"
+        )
+        infinity_port = free_port()
+        with server:
+            warm_up(server, tmp, (MODEL, PEER))
+            adapter_port = free_port()
+            adapter = start_adapter(server, adapter_port, tmp / "openai.log")
+            model_dir = default_model_dir()
+            assert model_dir is not None, "the MiniLM package is missing: run make setup"
+            infinity = start_infinity(binary, model_dir, infinity_port, tmp / "inf.log")
+            settings = FrontDoorSettings(
+                triton_http_address=f"127.0.0.1:{server.http_port}",
+                triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
+                triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
+                openai_address=f"127.0.0.1:{adapter_port}",
+                public_address="127.0.0.1",
+                http_port=free_port(),
+                grpc_port=free_port(),
+                metrics_port=free_port(),
+            )
+            door = f"http://127.0.0.1:{settings.http_port}"
+            routes = {
+                "this project, /v1/embeddings": (f"{door}/v1/embeddings", openai_body),
+                "Triton dynamic batcher, infer": (f"{door}/v2/models/{PEER}/infer", kserve_body),
+                "Infinity 0.0.78, /embeddings": (
+                    f"http://127.0.0.1:{infinity_port}/embeddings",
+                    infinity_body,
+                ),
+            }
+            try:
+                with FrontDoor(settings, tmp / "front-door"):
+                    for url, body in routes.values():  # each warmed once
+                        asyncio.run(closed_loop(url, body, texts, 8, 2.0, warmup_s=0.5))
+                    for c in levels:
+                        for r in range(rounds):
+                            names = list(routes) if r % 2 == 0 else list(reversed(routes))
+                            for name in names:
+                                url, body = routes[name]
+                                point = asyncio.run(closed_loop(url, body, texts, c, seconds))
+                                out.append((c, name, point))
+                                print(
+                                    f"c={c:>3} {name:<32} {point['rows_per_s']:7.1f} rows/s  "
+                                    f"p50 {point['p50_ms']:7.1f}  p99 {point['p99_ms']:7.1f} ms "
+                                    f" errors {point['errors']:.0f}",
+                                    flush=True,
+                                )
+            finally:
+                for process in (adapter, infinity):
+                    process.terminate()
+                    process.wait(timeout=20)
+    return out
+
+
+def report(runs: list[tuple[int, str, dict]], seconds: float, rounds: int) -> str:
+    levels = sorted({c for c, _, _ in runs})
+    names = list(dict.fromkeys(n for _, n, _ in runs))
+    lines = [
+        "### A served peer: Infinity",
+        "",
+        f"`python -m bench.infinity_peer --concurrency {','.join(map(str, levels))} "
+        f"--seconds {seconds:g} --rounds {rounds}` (part of `make bench`): the same MiniLM, on "
+        "this 2-core CPU, one aiohttp client of equal cost for all (one real text row per "
+        "request, every answer parsed); this project through the front door's `/v1/embeddings` "
+        "(ONNX Runtime, the DP planner), Triton's dynamic batcher through the front door's KServe "
+        "`infer` (ONNX Runtime, 2 ms queue delay), Infinity 0.0.78 on its own port (torch "
+        "engine, batch size 64). Means over the rounds:",
+        "",
+        "| concurrency | " + " | ".join(f"{n}: rows/s, p50, p99 ms" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for c in levels:
+        cells = []
+        for n in names:
+            points = [p for cc, nn, p in runs if cc == c and nn == n]
+            rate = np.mean([p["rows_per_s"] for p in points])
+            p50 = np.mean([p["p50_ms"] for p in points])
+            p99 = np.mean([p["p99_ms"] for p in points])
+            cells.append(f"{rate:.1f}, {p50:.0f}, {p99:.0f}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    ours, infinity = names[0], names[-1]
+    ratios = []
+    for c in levels:
+        mine = np.mean([p["rows_per_s"] for cc, n, p in runs if cc == c and n == ours])
+        peer = np.mean([p["rows_per_s"] for cc, n, p in runs if cc == c and n == infinity])
+        ratios.append(f"{mine / peer:.2f}x at {c}")
+    lines += ["", f"This project over Infinity, rows/s: {', '.join(ratios)}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="8,32,64")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    args = parser.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    runs = run(levels, args.seconds, args.rounds)
+    text = report(runs, args.seconds, args.rounds)
+    print(text)
+    if not args.no_write:
+        write_section(text, BEGIN, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
