@@ -29,15 +29,21 @@ from pathlib import Path
 import numpy as np
 
 from bench.docs import write_section
-from bench.openai_cost import closed_loop, kserve_body, start_adapter
+from bench.openai_cost import (
+    MODEL,
+    closed_loop,
+    kserve_body,
+    loopback_door,
+    openai_body,
+    start_adapter,
+)
 from bench.serving import INPUT_DATA, PEER, ROOT, build_repository, warm_up
-from tools.front_door import FrontDoor, FrontDoorSettings
+from tools.front_door import FrontDoor
 from tools.triton_server import TritonServer, answers_ok, free_port
 
 BEGIN, END = "<!-- infinity:begin -->", "<!-- infinity:end -->"
 INFINITY_VENV = ROOT / "build" / "infinity-venv"
 INFINITY_PACKAGES = ["infinity-emb[server,torch]==0.0.78", "torch==2.13.0"]
-MODEL = "planner_dp"
 
 
 def ensure_infinity(venv: Path = INFINITY_VENV) -> Path:
@@ -75,10 +81,6 @@ def infinity_body(text: str) -> bytes:
     return json.dumps({"model": "minilm", "input": [text]}).encode()
 
 
-def openai_body(text: str) -> bytes:
-    return json.dumps({"model": MODEL, "input": text, "encoding_format": "float"}).encode()
-
-
 def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, dict]]:
     from builder.build import default_model_dir
 
@@ -99,16 +101,7 @@ def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, 
             model_dir = default_model_dir()
             assert model_dir is not None, "the MiniLM package is missing: run make setup"
             infinity = start_infinity(binary, model_dir, infinity_port, tmp / "inf.log")
-            settings = FrontDoorSettings(
-                triton_http_address=f"127.0.0.1:{server.http_port}",
-                triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
-                triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
-                openai_address=f"127.0.0.1:{adapter_port}",
-                public_address="127.0.0.1",
-                http_port=free_port(),
-                grpc_port=free_port(),
-                metrics_port=free_port(),
-            )
+            settings = loopback_door(server, adapter_port)
             door = f"http://127.0.0.1:{settings.http_port}"
             routes = {
                 "this project, /v1/embeddings": (f"{door}/v1/embeddings", openai_body),

@@ -113,6 +113,20 @@ def start_adapter(server: TritonServer, port: int, log: Path):
     return process
 
 
+def loopback_door(server: TritonServer, openai_port: int) -> FrontDoorSettings:
+    """A front door on loopback ports of its own, in front of ``server`` and an adapter."""
+    return FrontDoorSettings(
+        triton_http_address=f"127.0.0.1:{server.http_port}",
+        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
+        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
+        openai_address=f"127.0.0.1:{openai_port}",
+        public_address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+
+
 def openai_comparison(
     server: TritonServer, tmp: Path, seconds: float, rounds: int, concurrency: int = 64
 ) -> list[tuple[str, dict[str, float]]]:
@@ -120,16 +134,7 @@ def openai_comparison(
     texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
     adapter_port = free_port()
     adapter = start_adapter(server, adapter_port, tmp / "openai.log")
-    settings = FrontDoorSettings(
-        triton_http_address=f"127.0.0.1:{server.http_port}",
-        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
-        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
-        openai_address=f"127.0.0.1:{adapter_port}",
-        public_address="127.0.0.1",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-    )
+    settings = loopback_door(server, adapter_port)
     base = f"http://127.0.0.1:{settings.http_port}"
     routes = {
         "KServe /v2 infer": (f"{base}/v2/models/{MODEL}/infer", kserve_body),

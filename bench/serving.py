@@ -33,7 +33,7 @@ from bench.docs import write_section
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
 from builder.triton_config import add_model_variant, write_config
-from tools.front_door import FrontDoor, FrontDoorSettings
+from tools.front_door import FrontDoor
 from tools.perf_analyzer import run_perf_analyzer
 from tools.triton_server import TritonServer, free_port
 
@@ -206,16 +206,9 @@ def front_door_comparison(
     """planner_dp at one concurrency on Triton's own gRPC port and through the front door,
     alternating (direct, door, direct, door, ...) so that the shared machine's drift falls on
     both alike."""
-    settings = FrontDoorSettings(
-        triton_http_address=f"127.0.0.1:{server.http_port}",
-        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
-        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
-        openai_address=f"127.0.0.1:{free_port()}",  # no adapter: /v1 is not measured here
-        public_address="127.0.0.1",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-    )
+    from bench.openai_cost import loopback_door
+
+    settings = loopback_door(server, free_port())  # no adapter: /v1 is not measured here
     out = []
     with FrontDoor(settings, tmp / "front-door"):
         routes = {"direct": server.grpc_url, "front door": f"127.0.0.1:{settings.grpc_port}"}

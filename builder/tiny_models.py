@@ -21,7 +21,7 @@ TINY: dict[str, Any] = dict(
 
 
 def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
-    """A tiny ``classifier`` (BERT, 3 labels), ``reranker`` (a BERT cross-encoder: one output
+    """A tiny ``classifier`` (BERT; 3 labels named negative, neutral, positive), ``reranker`` (a BERT cross-encoder: one output
     over a text pair) or ``decoder`` (Llama) saved into ``folder``."""
     import torch
     import transformers
@@ -31,7 +31,7 @@ def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int =
     if family == "classifier":
         bert = transformers.BertConfig(
             **TINY,
-            id2label={0: "a", 1: "b", 2: "c"},
+            id2label={0: "negative", 1: "neutral", 2: "positive"},
             architectures=["BertForSequenceClassification"],
         )
         model = transformers.BertForSequenceClassification(bert).eval()

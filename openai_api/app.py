@@ -13,7 +13,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from openai_api.backend import TritonBackend, check_dimensions
+from openai_api.backend import (
+    EMBEDDING_OUTPUT,
+    SCORE_OUTPUT,
+    ModelInfo,
+    TritonBackend,
+    check_dimensions,
+)
 from openai_api.errors import OpenAIError, bad_request, error_body
 from openai_api.protocol import (
     embeddings_response,
@@ -41,14 +47,18 @@ async def json_body(request: Request) -> Any:
 
 
 def create_app(backend: TritonBackend) -> Starlette:
+    async def model_serving(name: str, output: str, refusal: str) -> ModelInfo:
+        """The served model, if it answers ``output``; else a 400 saying what it answers."""
+        info = await backend.info(name)
+        if info.output_name != output:
+            raise bad_request(
+                f"model `{info.name}` {refusal} (it answers {info.output_name})", param="model"
+            )
+        return info
+
     async def embeddings(request: Request) -> Response:
         query = parse_embeddings(await json_body(request))
-        info = await backend.info(query.model)
-        if not info.embeds:
-            raise bad_request(
-                f"model `{info.name}` does not serve embeddings (it answers {info.output_name})",
-                param="model",
-            )
+        info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         vectors, tokens = await backend.embed(
             info, query.texts, query.token_rows, query.prompt_name
@@ -61,12 +71,7 @@ def create_app(backend: TritonBackend) -> Starlette:
 
     async def rerank(request: Request) -> Response:
         query = parse_rerank(await json_body(request))
-        info = await backend.info(query.model)
-        if not info.reranks:
-            raise bad_request(
-                f"model `{info.name}` is not a reranker (it answers {info.output_name})",
-                param="model",
-            )
+        info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
         scores, tokens = await backend.rerank(info, query.query, query.documents)
         return FastJSONResponse(rerank_response(query, scores, tokens))
 

@@ -36,10 +36,6 @@ class ModelInfo:
     def embeds(self) -> bool:
         return self.output_name == EMBEDDING_OUTPUT
 
-    @property
-    def reranks(self) -> bool:
-        return self.output_name == SCORE_OUTPUT
-
 
 def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
     output = config["output"][0]

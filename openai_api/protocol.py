@@ -41,12 +41,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_embeddings(body: Any) -> EmbeddingsQuery:
+def _model(body: Any) -> str:
+    """The served model a request body names (the body must be a JSON object)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("`model` is required: the name of a served model", param="model")
+    return model
+
+
+def parse_embeddings(body: Any) -> EmbeddingsQuery:
+    model = _model(body)
     raw = body.get("input")
     texts: list[str] | None = None
     token_rows: list[list[int]] | None = None
@@ -150,11 +156,7 @@ class RerankQuery:
 
 
 def parse_rerank(body: Any) -> RerankQuery:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("`model` is required: the name of a served reranker", param="model")
+    model = _model(body)
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise bad_request("`query` must be a non-empty string", param="query")

@@ -15,25 +15,27 @@ from python_backend.manifest import load_manifest
 from tests.builder.test_build import build_onnx
 
 
+def build_small(repo, folder, name):
+    """Two buckets and a long-row profile up to 40 tokens, with the captured sizes a TensorRT
+    build would have; returns (manifest, version folder)."""
+    version = build_onnx(
+        repo, folder, name, buckets=(8, 16), max_length=40, last_bucket=16, max_batch=8,
+        token_budget=64,
+    ).version_dir  # fmt: skip
+    return with_captured_sizes(load_manifest(version)), version
+
+
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, tiny_classifier_dir):
-    repo = tmp_path_factory.mktemp("gpu-check")
-    version = build_onnx(
-        repo,
-        tiny_classifier_dir,
-        "clf",
-        buckets=(8, 16),
-        max_length=40,
-        last_bucket=16,
-        max_batch=8,
-        token_budget=64,
-    ).version_dir
-    manifest = load_manifest(version)
-    # ONNX Runtime runs any shape; give the buckets the captured sizes a TensorRT build has
+    return build_small(tmp_path_factory.mktemp("gpu-check"), tiny_classifier_dir, "clf")
+
+
+def with_captured_sizes(manifest):
+    """ONNX Runtime runs any shape; give the buckets the captured sizes a TensorRT build has."""
     buckets = tuple(
         replace(b, captured_batch_sizes=tuple(sorted({1, 2, b.max_rows}))) for b in manifest.buckets
     )
-    return replace(manifest, buckets=buckets), version
+    return replace(manifest, buckets=buckets)
 
 
 class WrongAt:
@@ -108,24 +110,7 @@ def test_a_reranker_is_checked_by_its_score_with_pairs_in_every_row(tmp_path, mi
     from python_backend.contract import split_token_types
 
     folder = save_tiny_model("reranker", tmp_path / "reranker", minilm_dir / "tokenizer.json")
-    version = build_onnx(
-        tmp_path / "repo",
-        folder,
-        "rerank",
-        buckets=(8, 16),
-        max_length=40,
-        last_bucket=16,
-        max_batch=8,
-        token_budget=64,
-    ).version_dir
-    manifest = load_manifest(version)
-    manifest = replace(
-        manifest,
-        buckets=tuple(
-            replace(b, captured_batch_sizes=tuple(sorted({1, 2, b.max_rows})))
-            for b in manifest.buckets
-        ),
-    )
+    manifest, version = build_small(tmp_path / "repo", folder, "rerank")
     seen_types = set()
 
     class Recording(WrongAt):

@@ -13,7 +13,7 @@ import pytest
 
 from builder.families import detect_family
 from builder.spec import BuildError
-from builder.tiny_models import TINY, VOCAB
+from builder.tiny_models import TINY
 from python_backend.decoding import Limits, Prompts, RequestOptions, decode_request
 from python_backend.engines import open_engine
 from python_backend.manifest import load_manifest
@@ -153,19 +153,9 @@ def test_a_dense_activation_that_cannot_be_exported_is_refused_by_name(tmp_path,
         build_onnx(tmp_path / "repo", folder, "st", buckets=(32,))
 
 
-def test_classifier_labels_reach_the_manifest_and_triton(tmp_path, minilm_dir):
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        **TINY,
-        id2label={0: "negative", 1: "neutral", 2: "positive"},
-        architectures=["BertForSequenceClassification"],
-    )
-    folder = tmp_path / "clf"
-    transformers.BertForSequenceClassification(config).save_pretrained(folder)
-    shutil.copyfile(minilm_dir / "tokenizer.json", folder / "tokenizer.json")
-    result = build_onnx(tmp_path / "repo", folder, "clf", buckets=(32,))
+def test_classifier_labels_reach_the_manifest_and_triton(tmp_path, tiny_classifier_dir):
+    result = build_onnx(tmp_path / "repo", tiny_classifier_dir, "clf", buckets=(32,))
     assert load_manifest(result.version_dir).labels == ("negative", "neutral", "positive")
     model_dir = result.version_dir.parent
     assert (model_dir / "labels.txt").read_text().split() == ["negative", "neutral", "positive"]
     assert 'label_filename: "labels.txt"' in (model_dir / "config.pbtxt").read_text()
-    assert config.vocab_size == VOCAB

@@ -40,53 +40,24 @@ def build_repository(root: Path) -> Path:
             quiet=True,
         )
     )
-    # a small classifier with class names (id2label), for Triton's classification extension
-    import shutil
-
-    import transformers
-
-    from builder.tiny_models import TINY
-
-    torch.manual_seed(0)
-    labelled = transformers.BertConfig(
-        **TINY,
-        id2label={0: "negative", 1: "neutral", 2: "positive"},
-        architectures=["BertForSequenceClassification"],
-    )
-    classifier = root / "tiny-classifier"
-    transformers.BertForSequenceClassification(labelled).save_pretrained(classifier)
-    from builder.build import default_model_dir as minilm_dir
-
-    shutil.copyfile(minilm_dir() / "tokenizer.json", classifier / "tokenizer.json")
-    build(
-        BuildSpec(
-            model_dir=classifier,
-            name="classifier",
-            repository=repository,
-            engine="onnxruntime",
-            buckets=(32, 64),
-            calibration_repeats=0,
-            quiet=True,
-        )
-    )
-    # a small cross-encoder built from a config with a fixed seed, for /v1/rerank
+    # small models built from configs with a fixed seed: a classifier with class names
+    # (Triton's classification extension) and a cross-encoder (/v1/rerank)
     from builder.build import default_model_dir
     from builder.tiny_models import save_tiny_model
 
-    reranker = save_tiny_model(
-        "reranker", root / "tiny-reranker", default_model_dir() / "tokenizer.json"
-    )
-    build(
-        BuildSpec(
-            model_dir=reranker,
-            name="reranker",
-            repository=repository,
-            engine="onnxruntime",
-            buckets=(32, 64, 128),
-            calibration_repeats=0,
-            quiet=True,
+    tokenizer = default_model_dir() / "tokenizer.json"
+    for family in ("classifier", "reranker"):
+        build(
+            BuildSpec(
+                model_dir=save_tiny_model(family, root / f"tiny-{family}", tokenizer),
+                name=family,
+                repository=repository,
+                engine="onnxruntime",
+                buckets=(32, 64, 128),
+                calibration_repeats=0,
+                quiet=True,
+            )
         )
-    )
     return repository
 
 
