@@ -123,6 +123,7 @@ class CostTable:
     source: str
     seconds: Callable[[int, int], float]
     fixed_tokens: float  # one forward's fixed cost, in tokens of this table: what the DP trades
+    version_dir: Path | None = None  # the built model a measured table comes from
 
 
 def gpu_table(name: str) -> CostTable:
@@ -161,6 +162,7 @@ def manifest_table(version_dir: Path) -> CostTable:
         source=f"the calibration of {version_dir} (measured on this machine)",
         seconds=lambda b, t: table.time_us(b, t) / 1e6,
         fixed_tokens=float(fit.get("overhead_tokens", 0.0)),
+        version_dir=version_dir,
     )
 
 
@@ -523,7 +525,9 @@ def scaled_table(table: CostTable, factor: float) -> CostTable:
     def seconds(rows: int, length: int) -> float:
         return table.seconds(rows, length) * factor
 
-    return CostTable(table.name, f"{table.source}, x{factor:.2f}", seconds, table.fixed_tokens)
+    return CostTable(
+        table.name, f"{table.source}, x{factor:.2f}", seconds, table.fixed_tokens, table.version_dir
+    )
 
 
 def served_over_calibrated(
@@ -543,61 +547,132 @@ def served_over_calibrated(
     return served / predicted if predicted else float("nan")
 
 
-def validate(lengths: Sequence[int], ms: int) -> tuple[str, float]:
-    """The real server beside the simulator, in one run, on the bench repository: first the
-    server's own time per row (the model over an emulated engine that takes no time, at
-    concurrency 64), then planner_dp really served at 8, 32 and 64 clients, then the simulator
-    with the model's calibrated CPU table and that time per row. Returns (table, us per row)."""
+EMULATED = "server_time"  # the emulated variant of a model, in a scratch repository
+
+
+def server_time_per_row(version_dir: Path, tmp: Path, ms: int, concurrency: int = 64) -> float:
+    """The server's own time per row for the model at ``version_dir``, measured now: the model's
+    config, queue and planner over the bench-only emulated engine with a zero table (forwards
+    take no time), in a scratch repository (the model's own repository is never written), served
+    by the real Triton under perf_analyzer at ``concurrency``. Microseconds per row."""
+    from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
+    from bench.serving import measure, warm_up
+    from builder.triton_config import add_model_variant
+    from tools.triton_server import TritonServer, free_port
+
+    model_dir = Path(version_dir).resolve().parent
+    repository = tmp / "server-time-repository"
+    repository.mkdir(parents=True, exist_ok=True)
+    source = repository / model_dir.name
+    if not source.exists():
+        source.symlink_to(model_dir)
+    add_model_variant(repository, model_dir.name, EMULATED, model_py=EMULATED_MODEL_PY)
+    (repository / EMULATED / "1" / TABLE_FILE).write_text("zero\n")
+    server = TritonServer(
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        log_path=tmp / "server-time.log",
+        extra_args=[f"--load-model={EMULATED}", "--model-control-mode=explicit"],
+    )
+    with server:
+        warm_up(server, tmp, (EMULATED,), concurrency)
+        row, _ = measure(EMULATED, server.grpc_url, concurrency, tmp, ms)
+    return 1e6 / row["Inferences/Second"]
+
+
+@dataclass
+class ServedPoint:
+    """One served measurement and what the simulator makes of it."""
+
+    rows_per_s: float
+    p50_ms: float
+    server_us: float  # the server's own time per row, measured in the same round
+    forwards_slowdown: float  # the served forwards' own time, over the calibrated table
+
+
+def validate(lengths: Sequence[int], ms: int, rounds: int = 2) -> tuple[str, float]:
+    """The real server beside the simulator, in one run, on the bench repository. Each of
+    ``rounds`` rounds measures the server's own time per row (``server_time_per_row``), then
+    serves planner_dp at 8, 32 and 64 clients; the simulator predicts each point from the calibrated CPU table and that round's time per
+    row. Returns (table, the median time per row)."""
     import tempfile
 
-    from bench.serving import build_repository, emulated_runs, measure, warm_up
+    from bench.serving import build_repository, measure, warm_up
     from tools.triton_server import TritonServer, free_port
 
     repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
-    table = manifest_table(repository / "planner_dp" / "1")
+    version_dir = repository / "planner_dp" / "1"
+    table = manifest_table(version_dir)
     levels = [8, 32, 64]
-    with tempfile.TemporaryDirectory() as tmp:
-        (c, ceiling, _), *_ = emulated_runs(repository, "zero", Path(tmp), ms, [64])
-        us_per_row = 1e6 / ceiling["Inferences/Second"]
+    points: dict[int, list[ServedPoint]] = {c: [] for c in levels}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
         server = TritonServer(
-            repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "t.log"
+            repository,
+            free_port(),
+            free_port(),
+            free_port(),
+            log_path=tmp / "t.log",
+            extra_args=["--load-model=planner_dp", "--model-control-mode=explicit"],
         )
-        real, slowdown = {}, {}
         with server:
-            warm_up(server, Path(tmp), ("planner_dp",), 64)
+            warm_up(server, tmp, ("planner_dp",), 64)
             metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-            for c in levels:
-                before = forward_stats(metrics_url, "planner_dp")
-                row, _ = measure("planner_dp", server.grpc_url, c, Path(tmp), ms)
-                time.sleep(0.6)  # the model publishes its metrics every 0.25 s
-                real[c] = row
-                slowdown[c] = served_over_calibrated(
-                    before, forward_stats(metrics_url, "planner_dp"), table
-                )
+            for _ in range(rounds):
+                server_us = server_time_per_row(version_dir, tmp, ms)
+                print(f"server's own time: {server_us:.0f} us per row", flush=True)
+                for c in levels:
+                    before = forward_stats(metrics_url, "planner_dp")
+                    row, _ = measure("planner_dp", server.grpc_url, c, tmp, ms)
+                    time.sleep(0.6)  # the model publishes its metrics every 0.25 s
+                    slowdown = served_over_calibrated(
+                        before, forward_stats(metrics_url, "planner_dp"), table
+                    )
+                    point = ServedPoint(
+                        row["Inferences/Second"],
+                        row["p50 latency"] / 1e3,
+                        server_us,
+                        slowdown,
+                    )
+                    points[c].append(point)
+                    print(f"c={c}: {point}", flush=True)
+
+    def each(values: Sequence[float], fmt: str = ".2f") -> str:
+        return ", ".join(f"{v:{fmt}}" for v in values)
+
+    def simulated(point: ServedPoint, c: int, factor: float = 1.0) -> Result:
+        return simulate(
+            lengths,
+            scaled_table(table, factor) if factor != 1.0 else table,
+            "dp",
+            concurrency=c,
+            seconds=60,
+            server_us_per_row=point.server_us,
+        )
+
+    per_round_us = [p.server_us for p in points[levels[0]]]
     lines = [
-        f"The server's own time per row, measured first (planner_dp over an emulated engine that "
-        f"takes no time, perf_analyzer at concurrency 64): {ceiling['Inferences/Second']:.0f} "
-        f"rows/s, so {us_per_row:.0f} us per row. Then, in the same run:",
+        f"{rounds} rounds, in one run; each column lists the rounds in order. The server's own "
+        f"time per row, measured at the start of each round: {each(per_round_us, '.0f')} us.",
         "",
         "| concurrency | served rows/s | simulated rows/s | simulated / served | served p50 ms | simulated p50 ms | served forwards / calibrated | simulated with served forward times / served |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in levels:
-        sim = simulate(
-            lengths, table, "dp", concurrency=c, seconds=60, server_us_per_row=us_per_row
-        )
-        served = real[c]["Inferences/Second"]
-        # the same server model, with the engine as fast as it really ran beside the server
-        scaled = scaled_table(table, slowdown[c])
-        in_place = simulate(
-            lengths, scaled, "dp", concurrency=c, seconds=60, server_us_per_row=us_per_row
-        )
+        mine = points[c]
+        plain = [simulated(p, c) for p in mine]
+        in_place = [simulated(p, c, p.forwards_slowdown).rows_per_s / p.rows_per_s for p in mine]
         lines.append(
-            f"| {c} | {served:.1f} | {sim.rows_per_s:.1f} | {sim.rows_per_s / served:.2f} | "
-            f"{real[c]['p50 latency'] / 1e3:.0f} | {sim.percentile_ms(50):.0f} | "
-            f"{slowdown[c]:.2f} | {in_place.rows_per_s / served:.2f} |"
+            f"| {c} | {each([p.rows_per_s for p in mine], '.1f')} | "
+            f"{each([r.rows_per_s for r in plain], '.1f')} | "
+            f"{each([r.rows_per_s / p.rows_per_s for r, p in zip(plain, mine, strict=True)])} | "
+            f"{each([p.p50_ms for p in mine], '.0f')} | "
+            f"{each([r.percentile_ms(50) for r in plain], '.0f')} | "
+            f"{each([p.forwards_slowdown for p in mine])} | {each(in_place)} |"
         )
-    return "\n".join(lines), us_per_row
+    return "\n".join(lines), float(np.median(per_round_us))
 
 
 FIXED_COSTS_TOKENS = (15, 50, 150, 300, 600, 1200)
@@ -708,8 +783,8 @@ def bounded_wait(lengths: Sequence[int], us_per_row: float) -> str:
     return "\n".join(lines)
 
 
-def report(lengths: Sequence[int], ms: int, slo_ms: float) -> str:
-    validation, us_per_row = validate(lengths, ms)
+def report(lengths: Sequence[int], ms: int, slo_ms: float, rounds: int = 2) -> str:
+    validation, us_per_row = validate(lengths, ms, rounds)
     sources = "\n".join(f"- {gpu_table(g).source}" for g in sorted(PUBLISHED_BERT_BASE_FP16_MS))
     return "\n".join(
         [
@@ -727,17 +802,22 @@ def report(lengths: Sequence[int], ms: int, slo_ms: float) -> str:
             "",
             validation,
             "",
+            "Each point is predicted from what a user of the simulator has: the model's calibrated",
+            "table (timed when it was built: batch sizes 1, 2, 4, ... and the max rows of each",
+            "bucket, each point for at least 0.3 s) and the server's own time per row, measured",
+            "at the start of the round by `server_time_per_row` (the model's config, queue and",
+            "planner over the emulated engine with a zero table, served by the real Triton in a",
+            "scratch repository). `python -m bench.simulate --cost manifest:DIR` measures it the",
+            "same way before it simulates.",
+            "",
             "The last two columns find out where a miss comes from. *Served forwards / calibrated*:",
             "the time the engine's forwards really took in the served run (the model's own",
             "`planner_forward_seconds` per bucket), over what the calibrated table gives for the",
             "same forwards. *Simulated with served forward times*: the same server model (queue,",
-            "planner, the server's time per row) with the table scaled by that ratio. On this",
-            "shared 2-core machine the served throughput at 8 clients swings between runs (60 to",
-            "79 rows/s in this session), and the swings follow the engine's own slowdown beside",
-            "Triton, the stub and the client (1.08 to 1.25 at 8 clients): small forwards of ONNX",
-            "Runtime's two threads stall when another process takes a core. With the forwards as",
-            "fast as they really ran, the simulation lands within 15% at every concurrency: the",
-            "model of the server holds; the engine's speed under contention is what moves.",
+            "planner, the server's time per row) with the table scaled by that ratio. Where the",
+            "plain simulation misses and this one lands close, the miss is the engine's own speed",
+            "beside Triton, the stub and the client on this shared 2-core machine, not the model",
+            "of the server.",
             "",
             "### GPU tables (derived from published measurements, not measured here)",
             "",
@@ -798,7 +878,14 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--rate", type=float, default=None, help="rows/s, Poisson arrivals")
     parser.add_argument("--bursty", action="store_true", help="with --rate: arrivals in bursts")
     parser.add_argument("--seconds", type=float, default=60.0, help="virtual seconds measured")
-    parser.add_argument("--server-us-per-row", type=float, default=0.0)
+    parser.add_argument(
+        "--server-us-per-row",
+        type=float,
+        default=None,
+        help="the server's own time per row; default: measured now for a manifest: table (the "
+        "model over an emulated engine, served by the real Triton), 0 (the engine alone) for a "
+        "GPU table",
+    )
     parser.add_argument(
         "--round-trip-us",
         type=float,
@@ -825,20 +912,32 @@ def main(argv: list[str] | None = None) -> int:
         "with --server-us-per-row as the server's own time",
     )
     parser.add_argument("--measurement-ms", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=2, help="validation: served rounds")
     args = parser.parse_args(argv)
     lengths = read_lengths(args.lengths)
     if args.validate_only:
-        print(validate(lengths, args.measurement_ms)[0])
+        print(validate(lengths, args.measurement_ms, args.rounds)[0])
         return 0
     if args.plot:
-        print(plot_gain(gain_points(lengths, args.server_us_per_row)))
+        print(plot_gain(gain_points(lengths, args.server_us_per_row or 0.0)))
         return 0
     if args.report:
-        text = report(lengths, args.measurement_ms, args.slo_ms)
+        text = report(lengths, args.measurement_ms, args.slo_ms, args.rounds)
         print(text)
         write_section(text, BEGIN, END)
         return 0
     table = cost_table(args.cost)
+    server_us = args.server_us_per_row
+    if server_us is None and args.cost.startswith("manifest:"):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            assert table.version_dir is not None
+            server_us = server_time_per_row(table.version_dir, Path(tmp), args.measurement_ms)
+        print(f"the server's own time, measured now: {server_us:.0f} us per row")
+    elif server_us is None:
+        server_us = 0.0
+        print("the server's own time per row left out (--server-us-per-row): the engine alone")
     concurrency = args.concurrency if args.rate is None else None
     if concurrency is None and args.rate is None:
         concurrency = 64
@@ -850,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         bursty=args.bursty,
         seconds=args.seconds,
-        server_us_per_row=args.server_us_per_row,
+        server_us_per_row=server_us,
         round_trip_us=args.round_trip_us,
     )
     s = r.summary()

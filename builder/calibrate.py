@@ -1,7 +1,10 @@
 """Calibration: time the built engine over (batch size, bucket) and fit the planner's cost model.
 
-Measured: the median time of a forward at each bucket length and at batch sizes 1, about a
-quarter of the bucket's max rows, and its max rows (each after one warm-up run). Fitted:
+Measured: the median time of a forward at each bucket length and at batch sizes 1, 2, 4, 8, 16
+and the bucket's max rows (each after one warm-up run). Small forwards are where
+a lightly loaded server lives and where one timing is least to be trusted on a shared machine, so
+each point is timed at least ``repeats`` times and until ``MIN_SECONDS_PER_POINT`` have passed:
+a 5 ms forward is timed dozens of times, a 1 s one three times. Fitted:
 ``time = overhead + B * row_time(T)`` with one shared overhead and one row time per bucket, by
 least squares on relative error; the unit is the cheapest measured time per real token, so costs read as tokens.
 The fit's worst relative error over the measured points is reported and stored with the table.
@@ -18,6 +21,10 @@ import numpy as np
 
 from python_backend.cost_models import BucketAffineCost, MeasuredCost
 from python_backend.engines.base import Engine
+
+DENSE_BATCH_SIZES = (1, 2, 4, 8, 16)
+MIN_SECONDS_PER_POINT = 0.2  # timed forwards per grid point: at least this long in all
+MAX_REPEATS = 60
 
 
 @dataclass(frozen=True)
@@ -37,26 +44,32 @@ class Calibration:
 
 
 def batch_grid(max_rows: int) -> list[int]:
-    return sorted({1, max(1, max_rows // 4), max_rows})
+    """Batch sizes 1, 2, 4, 8, 16 (those the bucket takes) and its max rows: the table
+    interpolates linearly between them, so the grid is dense where a forward's time bends (few
+    rows, where a lightly loaded server lives) and sparse where it is a straight line."""
+    return sorted({*(b for b in DENSE_BATCH_SIZES if b <= max_rows), max_rows})
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls, after one untimed warm-up call."""
+def median_seconds(fn: Callable[[], object], repeats: int, min_seconds: float = 0.0) -> float:
+    """Median wall time of ``fn`` after one untimed warm-up call, over at least ``repeats`` calls
+    and, within ``MAX_REPEATS``, until ``min_seconds`` of timed calls have passed."""
     fn()  # warm-up: allocations, kernel choice, memoised tables
-    samples = []
-    for _ in range(repeats):
+    samples: list[float] = []
+    while len(samples) < repeats or (sum(samples) < min_seconds and len(samples) < MAX_REPEATS):
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
-def time_forward(engine: Engine, rows: int, length: int, vocab: int, repeats: int) -> float:
+def time_forward(
+    engine: Engine, rows: int, length: int, vocab: int, repeats: int, min_seconds: float = 0.0
+) -> float:
     """Median microseconds of one forward of ``rows`` full rows at ``length``."""
     rng = np.random.default_rng(rows * 1000 + length)
     ids = rng.integers(1000, max(1001, vocab - 1), size=(rows, length), dtype=np.int64)
     mask = np.ones((rows, length), dtype=np.int64)
-    return median_seconds(lambda: engine.run(ids, mask), repeats) * 1e6
+    return median_seconds(lambda: engine.run(ids, mask), repeats, min_seconds) * 1e6
 
 
 def calibrate(
@@ -71,7 +84,9 @@ def calibrate(
     times = np.full((len(buckets), len(sizes)), np.nan)
     for i, bucket in enumerate(buckets):
         for b in batch_grid(bucket.max_rows):
-            times[i, sizes.index(b)] = time_forward(engine, b, bucket.length, vocab_size, repeats)
+            times[i, sizes.index(b)] = time_forward(
+                engine, b, bucket.length, vocab_size, repeats, MIN_SECONDS_PER_POINT
+            )
             progress(f"calibrate T={bucket.length} B={b}: {times[i, sizes.index(b)] / 1e3:.1f} ms")
 
     # least squares on relative error: (overhead + b * row_time[i]) / t[i, b] = 1, so small

@@ -1,0 +1,47 @@
+"""The bench-only emulated engine on the real Triton server: it measures the server's own time per
+row for a built model without writing into that model's repository, and its outputs are marked
+as not real (NaN) so that no one mistakes them for embeddings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bench.simulate import EMULATED, server_time_per_row
+from testkit.triton_clients import client, infer, text_inputs
+from tests.e2e.conftest import start_server
+
+
+def snapshot(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.lstat().st_mtime for p in root.rglob("*")}
+
+
+def test_the_servers_own_time_is_measured_beside_the_model_never_inside_its_repository(
+    repository, tmp_path
+):
+    before = snapshot(repository)
+    us = server_time_per_row(repository / "minilm" / "1", tmp_path, ms=800, concurrency=4)
+    assert snapshot(repository) == before
+    # rows/s of a server that computes nothing: more than any forward of MiniLM on this CPU takes
+    assert math.isfinite(us) and 0 < us < 50_000
+
+    scratch = tmp_path / "server-time-repository"
+    assert (scratch / EMULATED / "1" / "emulated_table.txt").read_text().strip() == "zero"
+    server = start_server(scratch, tmp_path / "emulated.log")
+    c = client(server, "http")
+    try:
+        rows = ["one row", "and a longer row of text"]
+        embeddings, num_tokens = infer(c, EMULATED, text_inputs("http", rows))
+        assert embeddings.shape[0] == 2 and np.isnan(embeddings).all()
+        tokenizer = Tokenizer.from_file(str(repository / "minilm" / "1" / "tokenizer.json"))
+        tokenizer.no_padding()
+        # the rows were really tokenized, only the forward is emulated
+        assert num_tokens.ravel().tolist() == [len(e.ids) for e in tokenizer.encode_batch(rows)]
+        real, _ = infer(c, "minilm", text_inputs("http", ["one row"]))
+        assert np.isfinite(real).all()
+    finally:
+        c.close()  # an open keep-alive connection holds Triton's shutdown for its exit timeout
+        server.stop()
