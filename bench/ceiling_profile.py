@@ -7,7 +7,12 @@ once, NaN outputs) under perf_analyzer, and meanwhile
 - samples the CPU of each process (Triton, the model's stub, perf_analyzer) with psutil;
 - records the stub's Python threads with py-spy (installed into the project's venv on first
   use) and sums the samples by function, inclusive;
-- reads Triton's own statistics: requests per ``execute`` call.
+- reads Triton's own statistics: requests per ``execute`` call;
+- measures the ceiling again with requests of 8 and 32 rows, and splits the server's time into
+  a cost per request and a cost per row (least squares on time per row = request / rows + row);
+then serves the same model over the emulated engine with the A30 table at the same concurrency
+and reports how busy one instance keeps that engine (the model's own forward-time metrics),
+beside the rows/s the simulator gives the A30 engine alone.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
 from bench.serving import ROOT, build_repository, measure, warm_up
+from bench.simulate import LENGTHS, forward_stats, gpu_table, read_lengths, simulate
 from builder.triton_config import add_model_variant
 from tools.triton_server import TritonServer, free_port
 
 MODEL = "ceiling"
+ROWS_PER_REQUEST = (8, 32)  # besides one: how the ceiling moves when clients batch their rows
+A30 = "ceiling_a30"  # the same model over the emulated A30 (bench/simulate.py's table:a30)
 PROCESSES = {
     "tritonserver": "Triton",
     "triton_python_backend_stub": "model stub",
@@ -64,6 +73,16 @@ def by_function(raw: Path) -> tuple[Counter[str], Counter[str], int]:
     return inclusive, threads, total
 
 
+def per_request_and_per_row(rows_per_s: dict[int, float]) -> tuple[float, float]:
+    """(us per request, us per row) fitting us/row = request / rows + row to the ceilings
+    measured at each number of rows per request."""
+    sizes = sorted(rows_per_s)
+    a = np.array([[1.0 / n, 1.0] for n in sizes])
+    y = np.array([1e6 / rows_per_s[n] for n in sizes])
+    (request_us, row_us), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return float(request_us), float(row_us)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=64)
@@ -73,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
     add_model_variant(repository, "planner_dp", MODEL, model_py=EMULATED_MODEL_PY)
     (repository / MODEL / "1" / TABLE_FILE).write_text("zero\n")
+    add_model_variant(repository, "planner_dp", A30, model_py=EMULATED_MODEL_PY)
+    (repository / A30 / "1" / TABLE_FILE).write_text("table:a30\n")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         server = TritonServer(
@@ -81,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             free_port(),
             free_port(),
             log_path=tmp / "t.log",
-            extra_args=[f"--load-model={MODEL}", "--model-control-mode=explicit"],
+            extra_args=[
+                f"--load-model={MODEL}",
+                f"--load-model={A30}",
+                "--model-control-mode=explicit",
+            ],
         )
         cpu: dict[str, float] = {}
         raw = tmp / "stub.txt"
@@ -114,6 +139,19 @@ def main(argv: list[str] | None = None) -> int:
             row, _ = measure(MODEL, server.grpc_url, args.concurrency, tmp, args.seconds * 1000)
             thread.join()
             after = json.loads(urllib.request.urlopen(stats_url).read())["model_stats"][0]
+            by_rows = {1: row["Inferences/Second"]}
+            for rows in ROWS_PER_REQUEST:
+                clients = max(1, args.concurrency // rows)
+                at, _ = measure(
+                    MODEL, server.grpc_url, clients, tmp, args.seconds * 1000, rows_per_request=rows
+                )
+                by_rows[rows] = at["Inferences/Second"]
+            warm_up(server, tmp, (A30,), args.concurrency)
+            metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            forwards_before = forward_stats(metrics_url, A30)
+            a30_row, _ = measure(A30, server.grpc_url, args.concurrency, tmp, args.seconds * 1000)
+            time.sleep(0.6)  # the model publishes its metrics every 0.25 s
+            forwards_after = forward_stats(metrics_url, A30)
         inclusive, threads, total = by_function(raw)
     rate = row["Inferences/Second"]
     requests = int(after["inference_count"]) - int(before["inference_count"])
@@ -126,6 +164,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"py-spy, the stub's active samples by thread ({total} samples):")
     for name, count in threads.most_common():
         print(f"  {count / total:6.1%}  {name}")
+
+    def delta(key: str) -> float:
+        return sum(
+            now.get(key, 0.0) - forwards_before.get(bucket, {}).get(key, 0.0)
+            for bucket, now in forwards_after.items()
+        )
+
+    # busy fraction = forward seconds per row x rows per second
+    busy = delta("seconds") / max(delta("rows"), 1.0)
+    a30_rate = a30_row["Inferences/Second"]
+    alone = simulate(
+        read_lengths(LENGTHS), gpu_table("a30"), "dp", concurrency=args.concurrency, seconds=20
+    ).rows_per_s
+    print(
+        f"emulated A30 at concurrency {args.concurrency}: {a30_rate:.0f} rows/s served, the engine "
+        f"busy {busy * a30_rate:.0%} of the time; the A30 engine alone "
+        f"(simulated, the same planner): {alone:.0f} rows/s, {alone / a30_rate:.0f}x what one "
+        "instance feeds it"
+    )
+    request_us, row_us = per_request_and_per_row(by_rows)
+    print(
+        "ceiling by rows per request: "
+        + ", ".join(f"{n}: {r:.0f} rows/s" for n, r in by_rows.items())
+        + f"; the server's time = {request_us:.0f} us per request + {row_us:.0f} us per row"
+    )
     print("by function, inclusive:")
     shown = [(n, c) for n, c in inclusive.most_common() if not n.startswith("Thread.")]
     for name, count in shown[:14]:

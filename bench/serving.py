@@ -150,7 +150,13 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
 
 def measure(
-    model: str, url: str, concurrency: int, tmp: Path, ms: int, rate: float | None = None
+    model: str,
+    url: str,
+    concurrency: int,
+    tmp: Path,
+    ms: int,
+    rate: float | None = None,
+    rows_per_request: int = 1,
 ) -> tuple[dict, bool]:
     """One point: stable within 30% over 3 windows if the shared machine allows, else the last
     windows as they were (marked unstable in the table)."""
@@ -168,6 +174,7 @@ def measure(
                 request_rate=rate,
                 max_trials=max_trials,
                 stability_percent=stability,
+                rows_per_request=rows_per_request,
             )
             return row, stability < 1000
         except RuntimeError as err:

@@ -32,8 +32,11 @@ def run_perf_analyzer(
     stability_percent: float = 50,
     timeout_s: float = 300,
     request_rate: float | None = None,
+    rows_per_request: int = 1,
 ) -> tuple[dict[str, float], str]:
-    """One point: ``concurrency`` requests in flight, or an offered ``request_rate`` per second.
+    """One point: ``concurrency`` requests in flight, or an offered ``request_rate`` per second;
+    each request of ``rows_per_request`` rows (perf_analyzer's batch size: its Inferences/Second
+    counts rows).
 
     Returns (the CSV row as numbers, perf_analyzer's output)."""
     if not BINARY.is_file():
@@ -48,6 +51,7 @@ def run_perf_analyzer(
         "grpc",
         f"--input-data={input_data}",
         "--shape=TEXT:1",
+        f"-b{rows_per_request}",
         *(
             [f"--concurrency-range={concurrency}:{concurrency}"]
             if request_rate is None
