@@ -411,7 +411,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         spec.name,
         manifest.output_name,
         manifest.output_dim,
-        instances=gpu_instances(spec.gpus) if on_gpu else cpu_instance(),
+        instances=gpu_instances(spec.gpus, spec.instances_per_gpu) if on_gpu else cpu_instance(),
         pair_input=manifest.pair_input,
     )
     labels = version_dir.parent / LABELS_FILE

@@ -120,11 +120,15 @@ class BuildSpec:
         "TensorRT only: comma-separated GPU ids, one model instance (own queue, own engine) on "
         "each; default: one instance on every GPU the server sees"
     )
+    instances_per_gpu: int = _opt(
+        "TensorRT only: model instances (each its own queue, engine and stub process) per GPU",
+        default=1,
+    )
     quiet: bool = _opt("print only errors", default=False)
 
     def validate(self) -> BuildSpec:
         """The spec itself, or a BuildError naming the first bad setting."""
-        for name in ("num_buckets", "max_batch", "sample_rows"):
+        for name in ("num_buckets", "max_batch", "sample_rows", "instances_per_gpu"):
             if getattr(self, name) < 1:
                 raise BuildError(f"{option(name)} must be >= 1")
         for name in ("max_length", "last_bucket", "token_budget", "align"):
@@ -144,6 +148,10 @@ class BuildSpec:
                 raise BuildError("--gpus takes distinct GPU ids >= 0")
             if self.engine == "onnxruntime":
                 raise BuildError("--gpus is for TensorRT engines; ONNX Runtime serves on the CPU")
+        if self.instances_per_gpu > 1 and self.engine == "onnxruntime":
+            raise BuildError(
+                "--instances-per-gpu is for TensorRT engines; ONNX Runtime serves on the CPU"
+            )
         for name in ("family", "engine", "precision", "cost_model"):
             choices = _field(name).metadata.get("choices")
             value = getattr(self, name)

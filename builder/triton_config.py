@@ -33,11 +33,13 @@ def cpu_instance() -> mc.ModelInstanceGroup:
     return mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
 
 
-def gpu_instances(gpus: tuple[int, ...] | None = None) -> mc.ModelInstanceGroup:
-    """One instance per GPU, each with its own queue and engine on its device (Triton passes
-    the device as ``model_instance_device_id``). Without ``gpus``, Triton puts ``count``
-    instances on every GPU it sees: one each."""
-    group = mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=1)
+def gpu_instances(gpus: tuple[int, ...] | None = None, per_gpu: int = 1) -> mc.ModelInstanceGroup:
+    """``per_gpu`` instances on each GPU, each with its own queue, engine and stub process on its
+    device (Triton passes the device as ``model_instance_device_id``). Without ``gpus``, on every
+    GPU the server sees. More than one per GPU where the server's own work per request, one
+    Python process per instance, is what holds the GPU back (docs/PERFORMANCE.md, the ceiling);
+    each planner then sees only its share of the rows."""
+    group = mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=per_gpu)
     if gpus is not None:
         group.gpus.extend(gpus)
     return group

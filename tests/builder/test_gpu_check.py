@@ -103,6 +103,16 @@ def test_the_build_command_line_takes_the_gpus_to_put_instances_on():
     spec = from_cli_args(parser.parse_args(["--engine", "tensorrt", "--gpus", "0,2,3"]))
     assert spec.validate().gpus == (0, 2, 3)
     assert from_cli_args(parser.parse_args([])).gpus is None
+    spec = from_cli_args(parser.parse_args(["--engine", "tensorrt", "--instances-per-gpu", "2"]))
+    assert spec.validate().instances_per_gpu == 2
+    assert from_cli_args(parser.parse_args([])).instances_per_gpu == 1
+
+
+def test_instances_per_gpu_are_counted_from_one_and_only_for_tensorrt():
+    with pytest.raises(BuildError, match="--instances-per-gpu must be >= 1"):
+        BuildSpec(engine="tensorrt", instances_per_gpu=0).validate()
+    with pytest.raises(BuildError, match="--instances-per-gpu is for TensorRT"):
+        BuildSpec(engine="onnxruntime", instances_per_gpu=2).validate()
 
 
 def test_a_reranker_is_checked_by_its_score_with_pairs_in_every_row(tmp_path, minilm_dir):

@@ -63,6 +63,13 @@ def test_a_gpu_config_puts_one_instance_with_its_own_queue_on_each_named_gpu(tmp
     assert "KIND_GPU" in text and "KIND_CPU" not in text
 
 
+def test_a_gpu_config_may_put_several_instances_on_each_gpu(tmp_path):
+    write_config(model_config("m", "EMBEDDING", 8, instances=gpu_instances((0, 1), 3)), tmp_path)
+    (group,) = read_config(tmp_path / "config.pbtxt").instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_GPU
+    assert group.count == 3 and list(group.gpus) == [0, 1]
+
+
 def test_a_gpu_config_without_a_list_takes_every_gpu_triton_sees(tmp_path):
     write_config(model_config("m", "EMBEDDING", 8, instances=gpu_instances()), tmp_path)
     (group,) = read_config(tmp_path / "config.pbtxt").instance_group
