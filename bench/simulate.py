@@ -5,15 +5,16 @@
 
 What runs is ``python_backend.scheduler.Scheduler`` itself, step by step on a virtual clock,
 with an engine that computes nothing: each forward takes the time a cost table gives for its
-(rows, padded length), and the clock moves by that much. Requests of one row each, their lengths
-replayed from real text, arrive from closed-loop clients (``--concurrency``: each sends its next
-request when its previous one is answered) or open-loop (``--rate``, Poisson; ``--bursty``: the
-same mean rate, in bursts).
+(rows, padded length), and the clock moves by that much. Requests of one row each
+(``--rows-per-request`` for more), their lengths replayed from real text, arrive from
+closed-loop clients (``--concurrency``: each sends its next request when its previous one is
+answered) or open-loop (``--rate``, Poisson; ``--bursty``: the same mean rate, in bursts).
 
 The server around the engine costs time too: ``--server-us-per-row`` (decoding, tokenizing,
 answering, one row's share of a step) is added to each forward, serially, as it is on a machine
 whose engine already takes every core. With the CPU table of a built model it is measured, not
-guessed (see docs/PERFORMANCE.md); for a GPU table, where the engine runs beside the CPU, the
+guessed, at the same rows per request (``server_time_per_row``; it is mostly a cost per
+request, see docs/PERFORMANCE.md); for a GPU table, where the engine runs beside the CPU, the
 same value is a lower bound on what the server adds.
 
 Policies (the peers' batchers run as policies inside this project's loop: an approximation of
@@ -327,10 +328,11 @@ class Result:
     real_tokens: int = 0
     padded_tokens: int = 0
     forwards: int = 0
+    rows_per_request: int = 1
 
     @property
     def rows_per_s(self) -> float:
-        return len(self.latencies_s) / self.seconds
+        return len(self.latencies_s) * self.rows_per_request / self.seconds
 
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q) * 1e3) if self.latencies_s else math.nan
@@ -374,10 +376,16 @@ def simulate(
     layout: BucketLayout | None = None,
     seed: int = 0,
     round_trip_us: float = 0.0,
+    rows_per_request: int = 1,
 ) -> Result:
-    """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop) is set."""
+    """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop, rows/s)
+    is set. Each request holds ``rows_per_request`` rows, each of its own length; latencies are
+    per request. ``server_us_per_row`` is the server's own time per row at that many rows per
+    request (it is mostly per request: `server_time_per_row` measures it at the same size)."""
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency and rate")
+    if rows_per_request < 1:
+        raise ValueError("rows_per_request must be >= 1")
     clock = VirtualClock()
     layout = layout or default_layout()
     engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6)
@@ -392,7 +400,7 @@ def simulate(
         clock=clock,
     )
     rng = np.random.default_rng(seed)
-    result = Result(policy, seconds)
+    result = Result(policy, seconds, rows_per_request=rows_per_request)
     arrivals: list[tuple[float, int]] = []  # (time, sequence)
     sequence = 0
 
@@ -420,7 +428,7 @@ def simulate(
         t = 0.0
         while t < warmup_s + seconds:
             burst = int(rng.integers(1, 17)) if bursty else 1
-            t += rng.exponential(burst / rate)
+            t += rng.exponential(burst * rows_per_request / rate)
             for _ in range(burst):
                 arrive_at(t)
     end = warmup_s + seconds
@@ -428,9 +436,12 @@ def simulate(
     while clock.now < end:
         while arrivals and arrivals[0][0] <= clock.now:
             t, _ = heapq.heappop(arrivals)
-            row = np.ones(int(lengths[int(rng.integers(len(lengths)))]), dtype=np.int64)
+            request_rows = [
+                np.ones(int(lengths[int(rng.integers(len(lengths)))]), dtype=np.int64)
+                for _ in range(rows_per_request)
+            ]
             now, clock.now = clock.now, t  # the request's own arrival time
-            scheduler.submit(Request([row], respond_for(t)))
+            scheduler.submit(Request(request_rows, respond_for(t)))
             clock.now = now
         wake = scheduler.wake_at
         if scheduler.queued_rows and (wake is None or clock.now >= wake):
@@ -550,11 +561,14 @@ def served_over_calibrated(
 EMULATED = "server_time"  # the emulated variant of a model, in a scratch repository
 
 
-def server_time_per_row(version_dir: Path, tmp: Path, ms: int, concurrency: int = 64) -> float:
+def server_time_per_row(
+    version_dir: Path, tmp: Path, ms: int, concurrency: int = 64, rows_per_request: int = 1
+) -> float:
     """The server's own time per row for the model at ``version_dir``, measured now: the model's
     config, queue and planner over the bench-only emulated engine with a zero table (forwards
     take no time), in a scratch repository (the model's own repository is never written), served
-    by the real Triton under perf_analyzer at ``concurrency``. Microseconds per row."""
+    by the real Triton under perf_analyzer with ``concurrency`` rows in flight, in requests of
+    ``rows_per_request`` rows. Microseconds per row."""
     from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
     from bench.serving import measure, warm_up
     from builder.triton_config import add_model_variant
@@ -578,7 +592,10 @@ def server_time_per_row(version_dir: Path, tmp: Path, ms: int, concurrency: int 
     )
     with server:
         warm_up(server, tmp, (EMULATED,), concurrency)
-        row, _ = measure(EMULATED, server.grpc_url, concurrency, tmp, ms)
+        clients = max(1, concurrency // rows_per_request)
+        row, _ = measure(
+            EMULATED, server.grpc_url, clients, tmp, ms, rows_per_request=rows_per_request
+        )
     return 1e6 / row["Inferences/Second"]
 
 
@@ -893,6 +910,12 @@ def main(argv: list[str] | None = None) -> int:
         help="closed loop: time from an answer leaving the engine to the client's next "
         "request reaching the queue",
     )
+    parser.add_argument(
+        "--rows-per-request",
+        type=int,
+        default=1,
+        help="rows in each request (--concurrency counts requests, --rate rows/s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--report",
@@ -933,7 +956,12 @@ def main(argv: list[str] | None = None) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             assert table.version_dir is not None
-            server_us = server_time_per_row(table.version_dir, Path(tmp), args.measurement_ms)
+            server_us = server_time_per_row(
+                table.version_dir,
+                Path(tmp),
+                args.measurement_ms,
+                rows_per_request=args.rows_per_request,
+            )
         print(f"the server's own time, measured now: {server_us:.0f} us per row")
     elif server_us is None:
         server_us = 0.0
@@ -951,6 +979,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         server_us_per_row=server_us,
         round_trip_us=args.round_trip_us,
+        rows_per_request=args.rows_per_request,
     )
     s = r.summary()
     if args.json:

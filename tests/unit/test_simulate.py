@@ -62,3 +62,17 @@ def test_the_server_time_per_row_caps_throughput():
     free = linear_table(0.0, 0.0)
     r = simulate(LENGTHS, free, "dp", concurrency=64, seconds=10, server_us_per_row=100)
     assert r.rows_per_s == pytest.approx(10_000, rel=0.02)
+
+
+def test_requests_of_several_rows_obey_littles_law_in_rows():
+    r = simulate(
+        LENGTHS, linear_table(1.0, 0.5), "dp", concurrency=8, seconds=10, rows_per_request=4
+    )
+    mean_latency_s = float(np.mean(r.latencies_s))
+    # 8 requests in flight, 4 rows each: rows/s x latency = rows in flight
+    assert r.rows_per_s * mean_latency_s == pytest.approx(32, rel=0.05)
+
+
+def test_an_open_loop_counts_its_rate_in_rows_whatever_the_request_size():
+    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=30, rows_per_request=5)
+    assert r.rows_per_s == pytest.approx(200, rel=0.1)
