@@ -36,7 +36,7 @@ from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
 from bench.serving import ROOT, build_repository, measure, warm_up
 from bench.simulate import LENGTHS, forward_stats, gpu_table, read_lengths, simulate
 from builder.triton_config import add_model_variant
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer
 
 MODEL = "ceiling"
 ROWS_PER_REQUEST = (8, 32)  # besides one: how the ceiling moves when clients batch their rows
@@ -96,18 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     (repository / A30 / "1" / TABLE_FILE).write_text("table:a30\n")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        server = TritonServer(
-            repository,
-            free_port(),
-            free_port(),
-            free_port(),
-            log_path=tmp / "t.log",
-            extra_args=[
-                f"--load-model={MODEL}",
-                f"--load-model={A30}",
-                "--model-control-mode=explicit",
-            ],
-        )
+        server = TritonServer.loading_only(repository, (MODEL, A30), tmp / "t.log")
         cpu: dict[str, float] = {}
         raw = tmp / "stub.txt"
 

@@ -572,7 +572,7 @@ def server_time_per_row(
     from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
     from bench.serving import measure, warm_up
     from builder.triton_config import add_model_variant
-    from tools.triton_server import TritonServer, free_port
+    from tools.triton_server import TritonServer
 
     model_dir = Path(version_dir).resolve().parent
     repository = tmp / "server-time-repository"
@@ -582,14 +582,7 @@ def server_time_per_row(
         source.symlink_to(model_dir)
     add_model_variant(repository, model_dir.name, EMULATED, model_py=EMULATED_MODEL_PY)
     (repository / EMULATED / "1" / TABLE_FILE).write_text("zero\n")
-    server = TritonServer(
-        repository,
-        free_port(),
-        free_port(),
-        free_port(),
-        log_path=tmp / "server-time.log",
-        extra_args=[f"--load-model={EMULATED}", "--model-control-mode=explicit"],
-    )
+    server = TritonServer.loading_only(repository, (EMULATED,), tmp / "server-time.log")
     with server:
         warm_up(server, tmp, (EMULATED,), concurrency)
         clients = max(1, concurrency // rows_per_request)
@@ -617,7 +610,7 @@ def validate(lengths: Sequence[int], ms: int, rounds: int = 2) -> tuple[str, flo
     import tempfile
 
     from bench.serving import build_repository, measure, warm_up
-    from tools.triton_server import TritonServer, free_port
+    from tools.triton_server import TritonServer
 
     repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
     version_dir = repository / "planner_dp" / "1"
@@ -626,14 +619,7 @@ def validate(lengths: Sequence[int], ms: int, rounds: int = 2) -> tuple[str, flo
     points: dict[int, list[ServedPoint]] = {c: [] for c in levels}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        server = TritonServer(
-            repository,
-            free_port(),
-            free_port(),
-            free_port(),
-            log_path=tmp / "t.log",
-            extra_args=["--load-model=planner_dp", "--model-control-mode=explicit"],
-        )
+        server = TritonServer.loading_only(repository, ("planner_dp",), tmp / "t.log")
         with server:
             warm_up(server, tmp, ("planner_dp",), 64)
             metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"

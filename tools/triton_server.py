@@ -140,6 +140,21 @@ class TritonServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file: BinaryIO | None = None
 
+    @classmethod
+    def loading_only(
+        cls, repository: Path, models: tuple[str, ...], log_path: Path
+    ) -> TritonServer:
+        """On free ports, with only ``models`` of the repository loaded (explicit model control):
+        a measurement that should see one model, not every model of the repository."""
+        return cls(
+            repository,
+            free_port(),
+            free_port(),
+            free_port(),
+            log_path=log_path,
+            extra_args=[*(f"--load-model={m}" for m in models), "--model-control-mode=explicit"],
+        )
+
     @property
     def loopback(self) -> str:
         """Where this machine reaches the server."""
