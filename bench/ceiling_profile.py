@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             for p in psutil.process_iter(["cmdline"]):
                 line = " ".join(p.info["cmdline"] or [])
                 for key, label in PROCESSES.items():
-                    if key in line.split(" ")[0]:
+                    # the measured model's own stub, not the other model's beside it
+                    ours = label != "model stub" or f"/{MODEL}/1/model.py" in line
+                    if key in line.split(" ")[0] and ours:
                         tracked[label] = p
             for p in tracked.values():
                 p.cpu_percent(None)
