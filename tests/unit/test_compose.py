@@ -38,6 +38,19 @@ def test_builder_and_server_reserve_a_gpu(compose):
         assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
 
 
+def test_the_builder_runs_a_build_command_line_the_builder_accepts(compose):
+    import argparse
+
+    from builder.spec import add_cli_args, from_cli_args
+
+    command = compose["services"]["builder"]["command"]
+    assert command[:4] == ["python", "-m", "builder", "build"]
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    spec = from_cli_args(parser.parse_args(command[4:])).validate()
+    assert spec.engine == "tensorrt" and spec.instances_per_gpu == 1
+
+
 def test_server_starts_after_the_builder_completed_and_reports_health(compose):
     triton = compose["services"]["triton"]
     assert triton["depends_on"]["builder"]["condition"] == "service_completed_successfully"
