@@ -34,7 +34,14 @@ import psutil
 
 from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
 from bench.serving import ROOT, build_repository, measure, warm_up
-from bench.simulate import LENGTHS, forward_stats, gpu_table, read_lengths, simulate
+from bench.simulate import (
+    LENGTHS,
+    forward_stats,
+    forwards_between,
+    gpu_table,
+    read_lengths,
+    simulate,
+)
 from builder.triton_config import add_model_variant
 from tools.triton_server import TritonServer
 
@@ -156,14 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, count in threads.most_common():
         print(f"  {count / total:6.1%}  {name}")
 
-    def delta(key: str) -> float:
-        return sum(
-            now.get(key, 0.0) - forwards_before.get(bucket, {}).get(key, 0.0)
-            for bucket, now in forwards_after.items()
-        )
-
+    done = forwards_between(forwards_before, forwards_after).values()
     # busy fraction = forward seconds per row x rows per second
-    busy = delta("seconds") / max(delta("rows"), 1.0)
+    busy = sum(d["seconds"] for d in done) / max(sum(d["rows"] for d in done), 1.0)
     a30_rate = a30_row["Inferences/Second"]
     alone = simulate(
         read_lengths(LENGTHS), gpu_table("a30"), "dp", concurrency=args.concurrency, seconds=20

@@ -541,20 +541,29 @@ def scaled_table(table: CostTable, factor: float) -> CostTable:
     )
 
 
+def forwards_between(
+    before: dict[int, dict[str, float]], after: dict[int, dict[str, float]]
+) -> dict[int, dict[str, float]]:
+    """Per bucket, the forwards, rows and forward seconds between two ``forward_stats``."""
+    keys = ("forwards", "rows", "seconds")
+    return {
+        bucket: {k: now.get(k, 0.0) - before.get(bucket, {}).get(k, 0.0) for k in keys}
+        for bucket, now in after.items()
+    }
+
+
 def served_over_calibrated(
     before: dict[int, dict[str, float]], after: dict[int, dict[str, float]], table: CostTable
 ) -> float:
     """Time the served forwards took over what the calibrated table gives for the same forwards
     (each bucket's forwards at its mean rows per forward)."""
     served = predicted = 0.0
-    for bucket, now in after.items():
-        was = before.get(bucket, {})
-        forwards = now.get("forwards", 0.0) - was.get("forwards", 0.0)
-        if forwards <= 0:
+    for bucket, done in forwards_between(before, after).items():
+        if done["forwards"] <= 0:
             continue
-        rows = (now.get("rows", 0.0) - was.get("rows", 0.0)) / forwards
-        served += now.get("seconds", 0.0) - was.get("seconds", 0.0)
-        predicted += forwards * table.seconds(max(1, round(rows)), bucket)
+        rows = done["rows"] / done["forwards"]
+        served += done["seconds"]
+        predicted += done["forwards"] * table.seconds(max(1, round(rows)), bucket)
     return served / predicted if predicted else float("nan")
 
 
@@ -605,8 +614,9 @@ class ServedPoint:
 def validate(lengths: Sequence[int], ms: int, rounds: int = 2) -> tuple[str, float]:
     """The real server beside the simulator, in one run, on the bench repository. Each of
     ``rounds`` rounds measures the server's own time per row (``server_time_per_row``), then
-    serves planner_dp at 8, 32 and 64 clients; the simulator predicts each point from the calibrated CPU table and that round's time per
-    row. Returns (table, the median time per row)."""
+    serves planner_dp at 8, 32 and 64 clients; the simulator predicts each point from the
+    calibrated CPU table and that round's time per row. Returns (table, the median time per
+    row)."""
     import tempfile
 
     from bench.serving import build_repository, measure, warm_up
@@ -937,11 +947,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = cost_table(args.cost)
     server_us = args.server_us_per_row
-    if server_us is None and args.cost.startswith("manifest:"):
+    if server_us is None and table.version_dir is not None:  # a built model's measured table
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            assert table.version_dir is not None
             server_us = server_time_per_row(
                 table.version_dir,
                 Path(tmp),

@@ -76,3 +76,17 @@ def test_requests_of_several_rows_obey_littles_law_in_rows():
 def test_an_open_loop_counts_its_rate_in_rows_whatever_the_request_size():
     r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=30, rows_per_request=5)
     assert r.rows_per_s == pytest.approx(200, rel=0.1)
+
+
+def test_the_served_forwards_are_compared_with_the_table_bucket_by_bucket():
+    from bench.simulate import served_over_calibrated
+
+    table = linear_table(1.0, 10.0)  # 1 ms + 10 us per padded token
+    before = {32: {"forwards": 2.0, "rows": 8.0, "seconds": 1.0}}
+    # since then: 10 forwards of 4 rows at 32 (each 1 + 1.28 ms) and 5 of 2 rows at 64 (each
+    # 1 + 1.28 ms), all twice as slow as the table
+    after = {
+        32: {"forwards": 12.0, "rows": 48.0, "seconds": 1.0 + 10 * 2 * 2.28e-3},
+        64: {"forwards": 5.0, "rows": 10.0, "seconds": 5 * 2 * 2.28e-3},
+    }
+    assert served_over_calibrated(before, after, table) == pytest.approx(2.0)
