@@ -1,0 +1,34 @@
+"""The ceiling's levers are bench-only variants of the emulated model: each lever names what it
+changes, and an unknown one is refused with the known ones named."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.ceiling_levers import lever_model
+from bench.emulated_engine import EMULATED_MODEL_PY
+
+
+def test_instances_change_the_count_and_nothing_else():
+    assert lever_model("instances:3") == (EMULATED_MODEL_PY, 3)
+
+
+@pytest.mark.parametrize(
+    ("lever", "expected"),
+    [
+        ("switch-interval:0.5", "sys.setswitchinterval(0.0005)"),
+        ("no-cancel-check-at-admit", "Scheduler.admit = "),
+        ("no-cancel-check", "Scheduler._without_unwanted = "),
+    ],
+)
+def test_each_other_lever_is_one_stub_of_the_emulated_model(lever, expected):
+    model_py, count = lever_model(lever)
+    assert count == 1 and expected in model_py
+    compile(model_py, "model.py", "exec")  # Triton's stub must be able to load it
+    assert "EmulatedEngineModel as TritonPythonModel" in model_py
+
+
+@pytest.mark.parametrize("lever", ["instances:0", "instances:x", "switch-interval:", "faster"])
+def test_an_unknown_lever_is_refused_naming_the_known_ones(lever):
+    with pytest.raises(SystemExit, match="known: instances:N, switch-interval:MS"):
+        lever_model(lever)
