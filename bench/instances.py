@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
 from bench.serving import ROOT, build_repository, measure, warm_up
 from builder.triton_config import add_model_variant, write_config
+from python_backend.contract import INSTANCE_LABEL
 from tools.triton_server import TritonServer, free_port
 
 
@@ -39,7 +40,7 @@ def by_instance(metrics_url: str, name: str, model: str) -> dict[str, float]:
         if not line.startswith(name + "{") or f'model="{model}"' not in line:
             continue
         labels, value = line.rsplit(" ", 1)
-        instance = re.search(r'instance="([^"]+)"', labels)
+        instance = re.search(rf'\b{INSTANCE_LABEL}="([^"]+)"', labels)
         totals[instance.group(1) if instance else "?"] += float(value)
     return dict(totals)
 

@@ -364,6 +364,7 @@ def export_and_build_engine(
                 resolved.precision,
                 spec.timing_cache,
                 log=progress.detail,
+                timing_cache_fallback=spec.work_dir / "tensorrt-timing.cache",
             )
             engine_files: tuple[str, ...] = ("model.plan",)
             (version_dir / "model.onnx").unlink(missing_ok=True)  # a stale ONNX Runtime build

@@ -46,8 +46,10 @@ def build_engine(
     precision: str,
     timing_cache_path: Path,
     log: Callable[[str], None] = print,
+    timing_cache_fallback: Path | None = None,
 ) -> str:
-    """Builds and writes the serialized engine; returns the TensorRT version that built it."""
+    """Builds and writes the serialized engine; returns the TensorRT version that built it.
+    The timing cache goes to ``timing_cache_fallback`` where its own path is not writable."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
@@ -76,6 +78,6 @@ def build_engine(
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise RuntimeError("TensorRT engine build failed (see the TensorRT log above)")
-    write_atomically(engine_path, bytes(memoryview(serialized)))
-    save_timing_cache(config, timing_cache_path, log)
+    write_atomically(engine_path, memoryview(serialized))  # TensorRT's buffer, not a copy
+    save_timing_cache(config, timing_cache_path, log, timing_cache_fallback)
     return str(trt.__version__)

@@ -43,20 +43,38 @@ def use_timing_cache(config: Any, path: Path, log: Callable[[str], None]) -> str
     return "replaced" if data else "fresh"
 
 
-def save_timing_cache(config: Any, path: Path, log: Callable[[str], None]) -> bool:
-    """Writes the build's timing cache to ``path``; a failure is logged, never raised."""
+def save_timing_cache(
+    config: Any, path: Path, log: Callable[[str], None], fallback: Path | None = None
+) -> Path | None:
+    """Writes the build's timing cache to ``path``, else to ``fallback``; returns where it went.
+    A failure is logged, never raised.
+
+    A shared cache volume is often not writable by the image's user (Kubernetes applies fsGroup
+    to few ReadWriteMany volumes): the build still read what it could, and keeps its own
+    timings in a per-pod ``fallback`` so a restarted container re-times nothing.
+    """
     try:
-        serialized = config.get_timing_cache().serialize()
-        write_atomically(path, bytes(memoryview(serialized)))
+        serialized = memoryview(config.get_timing_cache().serialize())
     except Exception as err:
-        log(f"timing cache not saved to {path}: {err}")
-        return False
-    return True
+        log(f"timing cache not saved: TensorRT did not serialize it ({err})")
+        return None
+    for target in (path, fallback):
+        if target is None:
+            continue
+        try:
+            write_atomically(target, serialized)
+        except OSError as err:
+            log(f"timing cache not saved to {target}: {err}")
+            continue
+        if target != path:
+            log(f"timing cache saved to {target} instead (per pod); make {path.parent} writable")
+        return target
+    return None
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
     """Readers see the old file or the new one, never half of one (a crash mid-write, or two
-    builds sharing a volume)."""
+    builds sharing a volume). ``data`` may be TensorRT's own buffer: it is written, not copied."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)

@@ -91,6 +91,9 @@ class ErrorKind(str, Enum):
 SHUTDOWN_DRAIN_S = 30.0
 # the metric the autoscalers scale on: rows waiting in one instance's queue (a gauge)
 QUEUE_DEPTH_METRIC = "planner_queue_rows"
+# the label naming the model instance on every planner metric: not `instance`, which Prometheus
+# sets itself on every scraped series (the target's address) and would overwrite or rename
+INSTANCE_LABEL = "model_instance"
 
 _TRITON_CODES = {
     ErrorKind.INVALID: "INVALID_ARG",

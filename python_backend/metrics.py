@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from python_backend.contract import QUEUE_DEPTH_METRIC
+from python_backend.contract import INSTANCE_LABEL, QUEUE_DEPTH_METRIC
 from python_backend.scheduler import SchedulerMetrics
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -53,7 +53,7 @@ class TritonMetrics(SchedulerMetrics):
         self._last_flush = time.monotonic()
         self._model = model_name
         self._instance = instance or model_name
-        base = {"model": model_name, "instance": self._instance}
+        base = {"model": model_name, INSTANCE_LABEL: self._instance}
         # Triton requires every MetricFamily to outlive its Metrics: all are kept on self
         self._queue_family = mf(
             name=QUEUE_DEPTH_METRIC,
@@ -108,7 +108,7 @@ class TritonMetrics(SchedulerMetrics):
         if metrics is None:
             labels = {
                 "model": self._model,
-                "instance": self._instance,
+                INSTANCE_LABEL: self._instance,
                 "bucket": str(padded_length),
             }
             latency = (
@@ -187,7 +187,7 @@ class TritonMetrics(SchedulerMetrics):
         metric = self._by_reason.get(reason)
         if metric is None:
             metric = self._refused.Metric(
-                labels={"model": self._model, "instance": self._instance, "reason": reason}
+                labels={"model": self._model, INSTANCE_LABEL: self._instance, "reason": reason}
             )
             self._by_reason[reason] = metric
         return metric

@@ -121,7 +121,7 @@ def test_metrics_report_tokens_plan_costs_and_latency(server):
     assert total(server, "planner_forward_seconds_count") >= 1
     # each model instance publishes its own queue depth (one per GPU on a node)
     depth = metric_values(server, "planner_queue_rows")
-    assert any('model="minilm"' in k and 'instance="minilm_0' in k for k in depth), depth
+    assert any('model="minilm"' in k and 'model_instance="minilm_0' in k for k in depth), depth
 
 
 def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):

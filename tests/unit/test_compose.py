@@ -44,7 +44,8 @@ def test_the_builder_runs_a_build_command_line_the_builder_accepts(compose):
     from builder.spec import add_cli_args, from_cli_args
 
     command = compose["services"]["builder"]["command"]
-    assert command[:4] == ["python", "-m", "builder", "build"]
+    # the NGC image has python3 only: `python` would exit 127 and nothing after it would start
+    assert command[:4] == ["python3", "-m", "builder", "build"]
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     spec = from_cli_args(parser.parse_args(command[4:])).validate()
@@ -146,3 +147,21 @@ def test_the_server_takes_every_gpu_and_reports_the_model_ready(compose):
     triton = compose["services"]["triton"]
     assert gpu_devices(triton)[0]["count"] == "all"
     assert "/v2/models/minilm/ready" in " ".join(triton["healthcheck"]["test"])
+
+
+def test_project_image_commands_run_python3_and_only_gpu_services_see_gpus(compose):
+    """NGC images have no `python` and set NVIDIA_VISIBLE_DEVICES=all: a service that reserves
+    no GPU says `void`, or the NVIDIA runtime hands it every GPU of the node."""
+    for name, service in compose["services"].items():
+        command = service.get("command") or []
+        assert "python" not in command, name
+        image = service.get("image", "")
+        if image.startswith("nvcr.io/") or "build" in service:
+            visible = (service.get("environment") or {}).get("NVIDIA_VISIBLE_DEVICES")
+            assert (visible == "void") == (not gpu_devices(service)), name
+
+
+def test_the_image_keeps_the_ngc_entrypoint():
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", dockerfile, re.M)
+    assert entrypoint == '["/opt/nvidia/nvidia_entrypoint.sh"]'

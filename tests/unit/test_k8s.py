@@ -105,7 +105,7 @@ def test_service_ports_reach_the_front_door_and_never_triton():
     assert policy_ports == set(named)
     # Triton listens on the pod's loopback, on ports no container publishes
     triton = containers(pod_spec())["triton"]
-    assert "--triton-address=127.0.0.1" in triton["command"]
+    assert "--triton-address=127.0.0.1" in triton["args"]
     assert "ports" not in triton
     triton_ports = {e["name"]: e["value"] for e in triton["env"] if e["name"].endswith("_PORT")}
     door_env = {e["name"]: e.get("value") for e in door["env"]}
@@ -115,7 +115,7 @@ def test_service_ports_reach_the_front_door_and_never_triton():
         )
     assert set(named.values()).isdisjoint(int(v) for v in triton_ports.values())
     # the OpenAI adapter: on loopback too, talking to Triton's gRPC port, served by the door
-    adapter = containers(pod_spec())["openai-api"]["command"]
+    adapter = containers(pod_spec())["openai-api"]["args"]
     assert f"--listen={door_env['OPENAI_ADDRESS']}" in adapter
     assert f"--triton-grpc={door_env['TRITON_GRPC_ADDRESS']}" in adapter
     assert door_env["OPENAI_ADDRESS"].startswith("127.0.0.1:")
@@ -126,9 +126,10 @@ def test_the_front_door_renders_the_template_every_deployment_renders():
 
     door = containers(pod_spec())["front-door"]
     named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
-    assert named == {e["name"] for e in door["env"]}
+    # every name the template uses is set; NVIDIA_VISIBLE_DEVICES is the runtime's, not nginx's
+    assert named == {e["name"] for e in door["env"]} - {"NVIDIA_VISIBLE_DEVICES"}
     mounts = {m["mountPath"]: m["name"] for m in door["volumeMounts"]}
-    copy = " ".join(containers(pod_spec(), init=True)["front-door-files"]["command"])
+    copy = " ".join(containers(pod_spec(), init=True)["front-door-files"]["args"])
     assert f"/app/{TEMPLATE.relative_to(ROOT)}" in copy
     assert mounts["/etc/nginx/templates"] == "front-door-templates"
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -140,8 +141,8 @@ def test_the_front_door_renders_the_template_every_deployment_renders():
 def test_probes_follow_the_served_models_own_ready_route_through_the_door():
     spec = pod_spec()
     triton, door = containers(spec)["triton"], containers(spec)["front-door"]
-    model = triton["command"][triton["command"].index("--model=minilm")].split("=", 1)[1]
-    build = containers(spec, init=True)["build-engines"]["command"]
+    model = triton["args"][triton["args"].index("--model=minilm")].split("=", 1)[1]
+    build = containers(spec, init=True)["build-engines"]["args"]
     assert f"--name={model}" in build
     for probe in ("startupProbe", "readinessProbe"):
         assert door[probe]["httpGet"] == {"path": f"/v2/models/{model}/ready", "port": "http"}
@@ -194,3 +195,34 @@ def test_gpus_images_and_users():
         if "persistentVolumeClaim" in v
     ]
     assert claims == [pvc]
+
+
+def test_the_autoscaler_alone_sets_the_replica_count():
+    assert one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    assert "replicas" not in one("Deployment")["spec"]
+
+
+def test_the_service_monitor_carries_the_label_kube_prometheus_stack_selects():
+    labels = one("ServiceMonitor")["metadata"]["labels"]
+    assert labels.get("release"), "kube-prometheus-stack selects ServiceMonitors by `release`"
+
+
+def test_project_containers_keep_the_ngc_entrypoint_and_only_gpu_containers_see_gpus():
+    spec = pod_spec()
+    for container in [*containers(spec, init=True).values(), *containers(spec).values()]:
+        name = container["name"]
+        if container["image"].startswith("triton-batch-planner"):
+            # Kubernetes' `command` would replace the image's entrypoint (NGC's forward
+            # compatibility and driver checks); `args` runs through it
+            assert "command" not in container and container["args"], name
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)
+        assert (env.get("NVIDIA_VISIBLE_DEVICES") == "void") == (not gpus), name
+
+
+def test_the_adapter_rule_sums_the_model_instance_label_not_prometheus_own():
+    from python_backend.contract import INSTANCE_LABEL
+
+    assert INSTANCE_LABEL != "instance"  # Prometheus sets `instance` on every series it scrapes
+    text = (K8S / "prometheus-adapter-config.yaml").read_text()
+    assert f"`{INSTANCE_LABEL}` label" in text

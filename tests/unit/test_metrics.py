@@ -20,7 +20,7 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
     assert pb.calls == [], "nothing crosses to the server before a flush"
     metrics.flush()
     calls = {(op, name, labels): value for op, name, labels, value in pb.calls if op != "observe"}
-    bucket16 = (("bucket", "16"), ("instance", "m"), ("model", "m"))
+    bucket16 = (("bucket", "16"), ("model", "m"), ("model_instance", "m"))
     assert calls[("increment", "planner_rows_total", bucket16)] == 6
     assert calls[("increment", "planner_forwards_total", bucket16)] == 2
     assert (
@@ -28,7 +28,7 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
             (
                 "increment",
                 "planner_tokens_total",
-                (("instance", "m"), ("kind", "real"), ("model", "m")),
+                (("kind", "real"), ("model", "m"), ("model_instance", "m")),
             )
         ]
         == 110
@@ -38,7 +38,7 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
             (
                 "increment",
                 "planner_tokens_total",
-                (("instance", "m"), ("kind", "padded"), ("model", "m")),
+                (("kind", "padded"), ("model", "m"), ("model_instance", "m")),
             )
         ]
         == 6 * 16 + 64
@@ -48,12 +48,12 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
             (
                 "increment",
                 "planner_refused_total",
-                (("instance", "m"), ("model", "m"), ("reason", "queue_full")),
+                (("model", "m"), ("model_instance", "m"), ("reason", "queue_full")),
             )
         ]
         == 2
     )
-    assert calls[("set", "planner_queue_rows", (("instance", "m"), ("model", "m")))] == 0
+    assert calls[("set", "planner_queue_rows", (("model", "m"), ("model_instance", "m")))] == 0
     assert sorted(v for op, *_, v in pb.calls if op == "observe") == [0.01, 0.02, 0.03]
     pb.calls.clear()
     metrics.flush()
@@ -81,7 +81,7 @@ def test_instances_of_one_model_publish_separate_series_that_add_up():
     gpu0.flush()
     gpu1.flush()
     depths = {
-        dict(labels)["instance"]: value
+        dict(labels)["model_instance"]: value
         for op, name, labels, value in pb.calls
         if name == "planner_queue_rows"
     }

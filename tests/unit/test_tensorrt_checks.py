@@ -121,7 +121,7 @@ def test_a_timing_cache_that_does_not_fit_starts_a_fresh_one(tmp_path, stored, o
     assert bool(logged) == warned
     assert config.cache is not None
     assert config.cache.data == (b"this-gpu" if outcome == "reused" else b"")
-    assert save_timing_cache(config, path, logged.append)
+    assert save_timing_cache(config, path, logged.append) == path
     assert path.read_bytes() == config.cache.data + b"+timings"
 
 
@@ -130,8 +130,19 @@ def test_a_timing_cache_that_cannot_be_saved_is_logged_not_raised(tmp_path):
     use_timing_cache(config, tmp_path / "t.cache", logged.append)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert not save_timing_cache(config, blocker / "t.cache", logged.append)
+    assert save_timing_cache(config, blocker / "t.cache", logged.append) is None
     assert len(logged) == 1 and "not saved" in logged[0]
+
+
+def test_a_shared_timing_cache_that_is_not_writable_is_kept_per_pod(tmp_path):
+    config, logged = FakeBuilderConfig(), []
+    use_timing_cache(config, tmp_path / "t.cache", logged.append)
+    blocker = tmp_path / "read-only-volume"
+    blocker.write_text("")  # a file where the folder should be: no write can succeed there
+    fallback = tmp_path / "pod" / "t.cache"
+    assert save_timing_cache(config, blocker / "t.cache", logged.append, fallback) == fallback
+    assert fallback.read_bytes() == config.get_timing_cache().serialize()
+    assert "not saved to" in logged[0] and "instead (per pod)" in logged[1]
 
 
 def test_files_are_replaced_whole(tmp_path):

@@ -190,6 +190,6 @@ def test_an_instance_opens_its_engine_on_the_gpu_triton_names_and_labels_its_met
         model.metrics.queue_depth(2)
         model.metrics.flush()
         labels = [dict(lab) for _op, name, lab, _v in pb.calls if name == "planner_queue_rows"]
-        assert labels and all(lab["instance"] == "m_0_3" for lab in labels)
+        assert labels and all(lab["model_instance"] == "m_0_3" for lab in labels)
     finally:
         model.finalize()
