@@ -6,7 +6,7 @@ across instances whose ``execute`` returns at once, measured on the real server.
 Each instance runs the project's queue and planner over the bench-only emulated engine
 (bench/emulated_engine.py: a forward takes the GPU table's time and computes nothing), so N
 instances stand for N GPUs without sharing this machine's two cores for forwards. perf_analyzer
-drives the model at one concurrency; the per-instance metrics (the ``instance`` label) then say
+drives the model at one concurrency; the per-instance metrics (the ``model_instance`` label) then say
 how many rows and forwards each instance took. Triton's scheduler does not look at an instance's
 kind, so KIND_CPU instances here spread requests as KIND_GPU instances do on a node.
 

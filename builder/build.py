@@ -352,6 +352,8 @@ def export_and_build_engine(
     with progress("export ONNX"):
         onnx_path = export_onnx(model, onnx_dir / "model.onnx")
         progress.detail(f"{onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB)")
+    if kind == "tensorrt" and resolved.precision == "fp16":
+        check_fp16_range(onnx_path, progress)
     with progress(f"build {kind} engine"):
         if kind == "tensorrt":
             from builder.tensorrt_build import build_engine, profile_shapes
@@ -374,6 +376,22 @@ def export_and_build_engine(
             (version_dir / "model.plan").unlink(missing_ok=True)  # a stale TensorRT build
         shutil.copyfile(resolved.tokenizer_path, version_dir / "tokenizer.json")
     return engine_files, engine_version
+
+
+def check_fp16_range(onnx_path: Path, progress: Progress) -> None:
+    """Reports the graph's constants FP16 cannot hold; refuses those that are multiplied, which
+    TensorRT's FP16 kernels turn into NaN (``builder.fp16_range``)."""
+    from builder.fp16_range import constants_beyond_fp16
+
+    found = constants_beyond_fp16(onnx_path)
+    for constant in found:
+        progress.detail(f"FP16 range: {constant.describe()}")
+    multiplied = [c for c in found if c.multiplied]
+    if multiplied:
+        raise BuildError(
+            f"{len(multiplied)} constant(s) of the graph are beyond FP16's range and multiplied "
+            f"({multiplied[0].describe()}): in FP16 that computes NaN. Build with --precision fp32"
+        )
 
 
 def calibrate_cost(

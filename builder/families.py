@@ -34,6 +34,8 @@ from python_backend.contract import (
 )
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+# the lowest finite FP16 value: a mask fill that TensorRT may run in FP16 must stay finite there
+FP16_LOWEST = -65504.0
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,10 @@ class EmbeddingHead(nn.Module):
             last = attention_mask.sum(dim=1) - 1
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         elif self.pooling == "max":
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
+            # padding selected away, never multiplied: a constant like 1e9 is infinite in FP16
+            # and 0 * inf is NaN; FP16's lowest finite value stays finite wherever it runs
+            padding = (attention_mask == 0).unsqueeze(-1)  # [B, T, 1]
+            pooled = hidden.masked_fill(padding, FP16_LOWEST).max(dim=1).values
         else:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
@@ -278,25 +282,58 @@ class PairScorer(nn.Module):
 
 
 class LastTokenScorer(nn.Module):
-    """Logits at each row's last real token (rows are right-padded), optionally chosen ids only."""
+    """Logits at each row's last real token (rows are right-padded), optionally chosen ids only.
+
+    The row's last hidden state is gathered before the output projection, so a forward computes
+    [B, V] logits (or [B, len(ids)] with chosen ids: only their rows of the projection), never
+    [B, T, V]: at a 151k vocabulary and 64k tokens a forward that would be about 20 GB.
+    """
 
     def __init__(self, model: nn.Module, token_ids: list[int] | None) -> None:
         super().__init__()
-        self.model = model
-        ids = torch.tensor(token_ids if token_ids else [], dtype=torch.long)
-        self.register_buffer("token_ids", ids, persistent=False)
-        self.select = bool(token_ids)
+        self.body = getattr(model, "base_model", model)  # the decoder stack, without lm_head
+        output_embeddings = getattr(model, "get_output_embeddings", None)
+        head = output_embeddings() if callable(output_embeddings) else None
+        if not isinstance(head, nn.Linear) or self.body is model:
+            raise ValueError(
+                f"{type(model).__name__}: no decoder stack with a linear output projection "
+                "to gather the last token before; this decoder cannot be exported"
+            )
+        self.token_ids = list(token_ids or [])  # the vocabulary rows kept; [] for all of them
+        self.head = head  # all logits: the model's own projection (tied weights stay shared)
+        if token_ids:  # only the chosen rows of the projection
+            ids = torch.tensor(token_ids, dtype=torch.long)
+            self.head = nn.Linear(head.in_features, len(token_ids), bias=head.bias is not None)
+            with torch.no_grad():
+                self.head.weight.copy_(head.weight[ids])
+                if head.bias is not None:
+                    self.head.bias.copy_(head.bias[ids])
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # positions 0..n-1 for the real tokens of every right-padded row: causal attention means
         # a real token never sees the padding after it
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B,T,V]
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         last = attention_mask.sum(dim=1) - 1  # [B]
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        picked = logits[rows, last]  # [B, V]
-        if self.select:
-            picked = picked.index_select(1, self.token_ids)
-        return picked.float()
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self.head(hidden[rows, last]).float()  # [B, H] -> [B, V or len(ids)]
+
+
+def check_last_token_scorer(scorer: LastTokenScorer, model: nn.Module, vocab: int) -> None:
+    """The gathered head equals the model's own logits at the last token (a model that scales or
+    caps its logits after lm_head would not): refused with the difference, never served."""
+    ids = torch.randint(0, vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits[[0, 1], [5, 3]]  # [2, V]
+        got = scorer(ids, mask)
+    want = full[:, scorer.token_ids] if scorer.token_ids else full
+    diff = float((got - want).abs().max())
+    if diff > 1e-4 * max(1.0, float(want.abs().max())):
+        raise ValueError(
+            f"{type(model).__name__}: logits differ from lm_head on the last hidden state by "
+            f"{diff:.2e} (the model transforms its logits after lm_head); it cannot be exported"
+        )
 
 
 def run_rows_alone(module: nn.Module, rows: list[np.ndarray]) -> np.ndarray:
@@ -376,6 +413,7 @@ def load_model(
             if not 0 <= t < vocab:
                 raise ValueError(f"--score-token-ids: {t} is outside the vocabulary [0, {vocab})")
         module = LastTokenScorer(model, score_token_ids)
+        check_last_token_scorer(module, model.eval(), vocab)
         out_dim = len(score_token_ids) if score_token_ids else vocab
         describe |= {"score_token_ids": list(score_token_ids or [])}
     module.eval()

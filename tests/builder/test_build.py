@@ -182,3 +182,48 @@ def test_tensorrt_is_refused_clearly_where_it_cannot_run(tmp_path, capsys):
     code = builder_main(["build", "--repository", str(tmp_path), "--engine", "tensorrt", "--quiet"])
     assert code == 2
     assert "--engine tensorrt needs TensorRT and a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_decoder_head_equals_the_models_own_last_token_logits(tiny_decoder_dir):
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(tiny_decoder_dir, attn_implementation="eager")
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(1000, 29000, n) for n in (3, 9, 17)]
+    with torch.no_grad():  # transformers' own logits, each row alone, at its last token
+        want = np.stack([full(input_ids=torch.tensor(r)[None]).logits[0, -1].numpy() for r in rows])
+    for token_ids in (None, [2023, 2025]):
+        scorer = load_model(tiny_decoder_dir, score_token_ids=token_ids).module
+        seen: list[torch.Size] = []
+
+        def record(module, args, out, seen=seen):
+            seen.append(args[0].shape)
+
+        hook = scorer.head.register_forward_hook(record)
+        ids, mask = pad_rows(rows, 24, 0)
+        with torch.no_grad():
+            got = scorer(torch.tensor(ids), torch.tensor(mask)).numpy()
+        hook.remove()
+        expected = want[:, token_ids] if token_ids else want
+        assert np.abs(got - expected).max() <= TOLERANCE
+        # the projection sees one hidden state per row, never [B, T, H]
+        assert seen == [torch.Size([3, 32])]
+
+
+def test_a_decoder_that_changes_its_logits_after_the_head_is_refused(tiny_decoder_dir):
+    from transformers import AutoModelForCausalLM
+
+    from builder.families import LastTokenScorer, check_last_token_scorer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_decoder_dir).eval()
+    scorer = LastTokenScorer(model, None)
+
+    class Capped(torch.nn.Module):  # logits soft-capped after lm_head, as some models do
+        def forward(self, input_ids, attention_mask):
+            out = model(input_ids=input_ids, attention_mask=attention_mask)
+            out.logits = torch.tanh(out.logits / 0.01) * 0.01
+            return out
+
+    check_last_token_scorer(scorer, model, 30522)  # the model itself passes
+    with pytest.raises(ValueError, match="after lm_head"):
+        check_last_token_scorer(scorer, Capped(), 30522)
