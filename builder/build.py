@@ -191,6 +191,8 @@ def resolve(spec: BuildSpec) -> Resolved:
         engine_kind = "tensorrt" if tensorrt_ready() else "onnxruntime"
     elif engine_kind == "tensorrt" and not tensorrt_ready():
         raise BuildError("--engine tensorrt needs TensorRT and a CUDA GPU; neither is here")
+    if engine_kind == "tensorrt":
+        require_tensorrt_major()
     precision = spec.precision or DEFAULT_PRECISION[engine_kind]
     if engine_kind == "onnxruntime" and precision != "fp32":
         raise BuildError("--precision fp16 is for TensorRT; ONNX Runtime engines run fp32")
@@ -205,6 +207,21 @@ def resolve(spec: BuildSpec) -> Resolved:
         raise BuildError(f"no tokenizer at {tokenizer_path}: pass --tokenizer")
     budget = spec.token_budget or DEFAULT_TOKEN_BUDGET[engine_kind]
     return Resolved(engine_kind, precision, model_dir, tokenizer_path, budget)
+
+
+def require_tensorrt_major() -> None:
+    """The TensorRT here is the major the builder writes plans for, or a BuildError naming it."""
+    import tensorrt
+
+    from python_backend.engines.tensorrt_checks import (
+        EngineContractError,
+        require_supported_major,
+    )
+
+    try:
+        require_supported_major(str(tensorrt.__version__))
+    except EngineContractError as err:
+        raise BuildError(str(err)) from None
 
 
 def load_family_model(spec: BuildSpec, resolved: Resolved, progress: Progress) -> LoadedModel:

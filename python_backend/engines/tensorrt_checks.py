@@ -6,13 +6,20 @@ that every rule here is unit-tested on machines without a GPU.
   TensorRT's own deserializer fails with a less helpful message;
 - ``check_io_contract``: the engine's I/O tensors are exactly the two INT64 [B, T] inputs and the
   FP32 [B, D] output the runtime binds; anything else is named;
+- ``require_supported_major``: TensorRT 11 dropped weakly typed networks (``BuilderFlag.FP16``),
+  which is how this project asks for FP16; a build or load under another major is refused with
+  the supported one named, until the strongly typed form is built;
+- ``context_slots``: which execution contexts the engine opens: one per (profile, captured batch
+  size), its shape set once and never changed, and one eager context per profile that is
+  re-shaped for every other size (TensorRT's guidance for CUDA graphs: a graph replays the
+  context's state at capture, so a context that is re-shaped later must not own a graph);
 - ``capture_all``: every (profile, batch) the manifest lists is captured; a size that cannot be
   captured is logged and runs eagerly instead of failing the whole model load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
@@ -35,6 +42,41 @@ def require_built_by(built: str, running: str, path: object) -> None:
             "plan loads only in the version that built it. Rebuild the engine in this image "
             "(python -m builder build --engine tensorrt)"
         )
+
+
+# the TensorRT major this project builds and loads plans with (weakly typed FP16 networks)
+SUPPORTED_TENSORRT_MAJOR = 10
+
+
+def require_supported_major(running: str) -> None:
+    """Refuses a TensorRT whose major is not the one the builder and runtime are written for."""
+    major = running.split(".", 1)[0]
+    if major != str(SUPPORTED_TENSORRT_MAJOR):
+        raise EngineContractError(
+            f"TensorRT {running} is not supported: this project builds and loads plans with "
+            f"TensorRT {SUPPORTED_TENSORRT_MAJOR}.x (its FP16 networks are weakly typed, which "
+            f"TensorRT 11 removed). Use the image's TensorRT {SUPPORTED_TENSORRT_MAJOR}.x"
+        )
+
+
+@dataclass(frozen=True)
+class ContextSlot:
+    """One execution context of the engine, all of them on one shared activation block."""
+
+    profile: int  # the optimization profile it is bound to
+    batch: int | None  # the captured batch size (shape fixed at load); None: the eager context
+
+
+def context_slots(captured_sizes: Sequence[Sequence[int]], long_rows: bool) -> list[ContextSlot]:
+    """The contexts to open, in order: per bucket profile its eager context, then one per captured
+    size; the long-row profile (last, if any) only an eager one (its lengths vary)."""
+    slots: list[ContextSlot] = []
+    for profile, sizes in enumerate(captured_sizes):
+        slots.append(ContextSlot(profile, None))
+        slots.extend(ContextSlot(profile, batch) for batch in sizes)
+    if long_rows:
+        slots.append(ContextSlot(len(captured_sizes), None))
+    return slots
 
 
 @dataclass(frozen=True)

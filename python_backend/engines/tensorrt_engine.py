@@ -1,23 +1,30 @@
-"""TensorRT engine: one execution context per optimization profile, CUDA graphs per batch size.
+"""TensorRT engine: one execution context per (profile, captured batch size), CUDA graphs on them.
 
 Layout, decided once at load:
 - profile p serves bucket p (fixed length); an optional last profile serves rows above the last
   bucket at their exact length;
-- every context runs on one stream, one forward after another, so they share one block of
+- every context runs on one stream, one forward after another, so all of them share one block of
   activation memory (user-managed allocation, sized by ``device_memory_size_v2``, the largest any
   profile needs) and one set of I/O buffers sized for the largest forward. With TensorRT's
-  default (static) allocation each context would reserve the largest profile's activations for
-  itself: nine contexts, nine copies;
-- for each captured batch size of a bucket, one CUDA graph of that context's forward, captured
-  at load in thread-local mode (another thread's CUDA calls cannot invalidate it). A size that
-  cannot be captured is logged and runs eagerly; the model still loads;
+  default (static) allocation each context would reserve the largest profile's activations;
+- each captured batch size of a bucket has a context of its own: its input shape is set once,
+  warmed, captured into a CUDA graph (thread-local capture mode: another thread's CUDA calls
+  cannot invalidate it) and never changed, as TensorRT's CUDA-graph guidance asks (a graph
+  replays the state its context had at capture). Every profile also has one eager context,
+  re-shaped for each forward at a size without a graph: uncaptured sizes, sizes whose capture
+  failed (logged; the model still loads), and every row of the long-row profile. TensorRT 10
+  always lets several contexts share a profile; where one refuses anyway, that profile's graphs
+  are captured on its eager context as before (logged);
 - a group of B rows runs at the next captured size >= B (the scheduler plans with that cost);
   the extra rows hold one real token each so pooling never divides by zero, and are dropped.
 
-Before any of that, the plan's TensorRT version (from the manifest) must be the running one,
-and its I/O tensors must be the ones bound here (``tensorrt_checks``). GPU memory is held in
-torch tensors on the device Triton names for the model instance. A failure at run time raises;
-the scheduler splits the group and retries.
+Before any of that, the TensorRT major must be the supported one, the plan's TensorRT version
+(from the manifest) the running one, and its I/O tensors the ones bound here
+(``tensorrt_checks``). GPU memory is held in torch tensors on the device Triton names for the
+model instance, and every call makes that device current on the calling thread first (a thread
+starts on device 0: entering a stream of another device from there would create a context on
+GPU 0 and switch devices on every forward). A failure at run time raises; the scheduler splits
+the group and retries.
 """
 
 from __future__ import annotations
@@ -36,9 +43,21 @@ from python_backend.engines.tensorrt_checks import (
     IOTensor,
     capture_all,
     check_io_contract,
+    context_slots,
     require_built_by,
+    require_supported_major,
 )
 from python_backend.manifest import Manifest
+
+
+@dataclass
+class _Context:
+    """An execution context and what it serves."""
+
+    profile: int  # TensorRT optimization profile index
+    context: trt.IExecutionContext
+    batch: int | None  # the captured batch size its shape is fixed at; None: re-shaped (eager)
+    graph: torch.cuda.CUDAGraph | None = None
 
 
 @dataclass
@@ -46,24 +65,13 @@ class _Profile:
     index: int  # TensorRT optimization profile index
     fixed_length: int | None  # the bucket length, or None for the exact-length long-row profile
     max_rows: int
-    context: trt.IExecutionContext
-    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)  # batch -> graph
-    eager_sizes: set[int] = field(default_factory=set)  # sizes whose capture failed
+    eager: _Context  # re-shaped for every forward that has no graph
+    graphs: dict[int, _Context] = field(default_factory=dict)  # batch -> captured context
+    eager_sizes: set[int] = field(default_factory=set)  # captured sizes whose capture failed
 
 
 def _log_warning(message: str) -> None:
     print(f"TensorRTEngine: {message}", flush=True)
-
-
-def _clear_cuda_error() -> None:
-    """A failed capture leaves its error as the runtime's last error: clear it, or the next
-    unrelated launch check reports it."""
-    try:
-        from cuda.bindings import runtime as cudart  # ships with torch's CUDA 13 wheels
-
-        cudart.cudaGetLastError()
-    except ImportError:
-        torch.cuda.synchronize()
 
 
 class TensorRTEngine:
@@ -81,6 +89,7 @@ class TensorRTEngine:
                 "the manifest names a TensorRT engine, but no CUDA device is visible"
             )
         path = Path(version_dir) / manifest.engine_files[0]
+        require_supported_major(trt.__version__)
         require_built_by(manifest.engine_version, trt.__version__, path)
         self._log = log
         self.layout = BucketLayout.from_manifest(manifest)
@@ -129,6 +138,8 @@ class TensorRTEngine:
         self.out = torch.empty(
             (max_rows_all, self.output_dim), dtype=torch.float32, device=self.device
         )
+        buffers = (self.ids, self.mask, self.types)
+        self._inputs = dict(zip(self.input_names, buffers, strict=False))  # name -> device buffer
         # pinned staging buffers: host<->device copies are then asynchronous DMA
         self.host_ids = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
         self.host_mask = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
@@ -139,27 +150,45 @@ class TensorRTEngine:
             (max_rows_all, self.output_dim), dtype=torch.float32, pin_memory=True
         )
 
-        self.profiles: list[_Profile] = [
-            self._open_profile(i, bucket.length, bucket.max_rows)
-            for i, bucket in enumerate(manifest.buckets)
-        ]
+        slots = context_slots(
+            [b.captured_batch_sizes for b in manifest.buckets], manifest.long_rows is not None
+        )
+        self.profiles: list[_Profile] = []
         self.long_profile: _Profile | None = None
-        if manifest.long_rows is not None:
-            self.long_profile = self._open_profile(
-                len(manifest.buckets), None, manifest.long_rows.max_rows
+        for slot in slots:
+            if slot.batch is None:
+                self._add_profile(slot.profile, manifest)
+            else:
+                self._add_graph_context(self.profiles[slot.profile], slot.batch)
+        self._capture_graphs()
+        if self.long_profile is not None:  # warmed at its largest shape: it fits, and is loaded
+            self._forward_eagerly(
+                self.long_profile.eager, self.long_profile.max_rows, manifest.max_length
             )
-        sizes = [
-            (i, batch)
-            for i, bucket in enumerate(manifest.buckets)
-            for batch in bucket.captured_batch_sizes
-        ]
-        graphs, eager = capture_all(sizes, self._capture, self._log)
-        for (i, batch), graph in graphs.items():
-            self.profiles[i].graphs[batch] = graph  # type: ignore[assignment]
-        for i, batch in eager:
-            self.profiles[i].eager_sizes.add(batch)
-            self._forward_eagerly(self.profiles[i], batch, self.profiles[i].fixed_length or 1)
         self.stream.synchronize()
+
+    def _add_profile(self, index: int, manifest: Manifest) -> None:
+        eager = self._open_context(index, batch=None)
+        if eager is None:
+            raise RuntimeError(f"TensorRT could not create a context for profile {index}")
+        if index < len(manifest.buckets):
+            bucket = manifest.buckets[index]
+            self.profiles.append(_Profile(index, bucket.length, bucket.max_rows, eager))
+        else:
+            assert manifest.long_rows is not None
+            self.long_profile = _Profile(index, None, manifest.long_rows.max_rows, eager)
+
+    def _add_graph_context(self, profile: _Profile, batch: int) -> None:
+        """A context whose shape is [batch, bucket length] for good; where TensorRT refuses a
+        second context on the profile, the graph shares the eager one (re-shaped at capture)."""
+        context = self._open_context(profile.index, batch)
+        if context is None:
+            self._log(
+                f"profile {profile.index} refuses another execution context; its batch-{batch} "
+                "graph is captured on the profile's eager context, re-shaped for the capture"
+            )
+            context = _Context(profile.index, profile.eager.context, batch=None)
+        profile.graphs[batch] = context
 
     def _io_tensors(self) -> list[IOTensor]:
         tensors = []
@@ -175,57 +204,72 @@ class TensorRTEngine:
             )
         return tensors
 
-    def _open_profile(self, index: int, length: int | None, max_rows: int) -> _Profile:
+    def _open_context(self, index: int, batch: int | None) -> _Context | None:
+        """A context on profile ``index`` bound to the shared buffers; None where TensorRT
+        refuses one."""
         context = self.engine.create_execution_context(
             trt.ExecutionContextAllocationStrategy.USER_MANAGED
         )
         if context is None:
-            raise RuntimeError(f"TensorRT could not create a context for profile {index}")
+            return None
         context.set_device_memory(self.activations.data_ptr(), self.activation_bytes)
-        context.set_optimization_profile_async(index, self.stream.cuda_stream)
-        input_ids, attention_mask = ENGINE_INPUTS
-        context.set_tensor_address(input_ids, self.ids.data_ptr())
-        context.set_tensor_address(attention_mask, self.mask.data_ptr())
-        if self.pair_input:
-            context.set_tensor_address(TOKEN_TYPE_INPUT, self.types.data_ptr())
+        if not context.set_optimization_profile_async(index, self.stream.cuda_stream):
+            return None
+        for name, buffer in self._inputs.items():
+            context.set_tensor_address(name, buffer.data_ptr())
         context.set_tensor_address(self.output_name, self.out.data_ptr())
-        return _Profile(index, length, max_rows, context)
+        return _Context(index, context, batch)
 
-    def _set_shape(self, profile: _Profile, batch: int, length: int) -> None:
+    def _set_shape(self, context: _Context, batch: int, length: int) -> None:
         for name in self.input_names:
-            if not profile.context.set_input_shape(name, trt.Dims2(batch, length)):
-                raise RuntimeError(f"profile {profile.index} refuses shape [{batch}, {length}]")
+            if not context.context.set_input_shape(name, trt.Dims2(batch, length)):
+                raise RuntimeError(f"profile {context.profile} refuses shape [{batch}, {length}]")
 
-    def _enqueue(self, profile: _Profile) -> None:
-        if not profile.context.execute_async_v3(self.stream.cuda_stream):
-            raise RuntimeError(f"TensorRT forward failed on profile {profile.index}")
+    def _enqueue(self, context: _Context) -> None:
+        if not context.context.execute_async_v3(self.stream.cuda_stream):
+            raise RuntimeError(f"TensorRT forward failed on profile {context.profile}")
 
-    def _forward_eagerly(self, profile: _Profile, batch: int, length: int) -> None:
-        """One forward of pad rows at [batch, length], without a graph (warm-up, or the check
-        that a size whose capture failed still runs)."""
+    def _on_device(self) -> None:
+        """Makes the engine's GPU current on the calling thread (each thread starts on GPU 0)."""
+        if torch.cuda.current_device() != self.device.index:
+            torch.cuda.set_device(self.device)
+
+    def _forward_eagerly(self, context: _Context, batch: int, length: int) -> None:
+        """One forward of pad rows at [batch, length] without a graph: warm-up, the shape a
+        graph context keeps, or the check that a size whose capture failed still runs."""
         n = batch * length
+        self._on_device()
         with torch.cuda.stream(self.stream):
             self.ids[:n].fill_(self.pad_token_id)
             self.mask[:n].fill_(1)
             if self.pair_input:
                 self.types[:n].fill_(0)
-            self._set_shape(profile, batch, length)
-            self._enqueue(profile)
+            self._set_shape(context, batch, length)
+            self._enqueue(context)
         self.stream.synchronize()
 
+    def _capture_graphs(self) -> None:
+        sizes = [(p.index, batch) for p in self.profiles for batch in p.graphs]
+        graphs, failed = capture_all(sizes, self._capture, self._log)
+        for (index, batch), graph in graphs.items():
+            self.profiles[index].graphs[batch].graph = graph  # type: ignore[assignment]
+        for index, batch in failed:
+            profile = self.profiles[index]
+            del profile.graphs[batch]  # that size now runs on the eager context
+            profile.eager_sizes.add(batch)
+            # the real check that it still runs, whatever error the failed capture left
+            self._forward_eagerly(profile.eager, batch, profile.fixed_length or 1)
+
     def _capture(self, index: int, batch: int) -> torch.cuda.CUDAGraph:
-        """Captures one forward of bucket ``index`` at ``batch`` rows into a CUDA graph."""
+        """Captures one forward of bucket ``index`` at ``batch`` rows on that size's context."""
         profile = self.profiles[index]
-        length = int(profile.fixed_length or 0)
-        # an eager run first lets TensorRT finish lazy allocations outside the capture
-        self._forward_eagerly(profile, batch, length)
+        context = profile.graphs[batch]
+        # the shape is set here, once; an eager run first lets TensorRT finish lazy
+        # allocations outside the capture
+        self._forward_eagerly(context, batch, int(profile.fixed_length or 0))
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
-                self._enqueue(profile)
-        except Exception:
-            _clear_cuda_error()
-            raise
+        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+            self._enqueue(context)
         return graph
 
     def _profile_for(self, length: int) -> _Profile:
@@ -240,11 +284,13 @@ class TensorRTEngine:
         raise ValueError(f"no TensorRT profile runs rows padded to {length} tokens")
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """[B, T] int64 ids and mask -> [B, D] fp32, at the profile of length T."""
+        """[B, T] int64 ids and mask -> [B, D] fp32, at the profile of length T: the graph of
+        the next captured size, else the profile's eager context."""
         return self._run(input_ids, attention_mask, use_graph=True)
 
     def run_eagerly(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """``run`` without the CUDA graph: re-shapes the context (gpu_check's eager pass)."""
+        """``run`` at exactly B rows on the profile's eager context, never a graph (gpu_check's
+        eager pass: a size without a graph really runs at that size)."""
         return self._run(input_ids, attention_mask, use_graph=False)
 
     def _run(
@@ -256,7 +302,10 @@ class TensorRTEngine:
             raise ValueError(
                 f"{rows} rows exceed the profile's {profile.max_rows} at length {length}"
             )
-        batch = self.layout.run_batch_size(length, rows) if profile.fixed_length else rows
+        batch = rows
+        if use_graph and profile.fixed_length:
+            batch = self.layout.run_batch_size(length, rows)
+        captured = profile.graphs.get(batch) if use_graph else None
         n_real, n_run = rows * length, batch * length
         # stage into pinned memory; rows past the real ones carry one real (pad) token
         if self.pair_input:  # token types ride in the ids' high bits (contract)
@@ -264,6 +313,7 @@ class TensorRTEngine:
             self.host_types[:n_real].numpy()[:] = types.reshape(-1)
         self.host_ids[:n_real].numpy()[:] = input_ids.reshape(-1)
         self.host_mask[:n_real].numpy()[:] = attention_mask.reshape(-1)
+        self._on_device()
         with torch.cuda.stream(self.stream):
             self.ids[:n_real].copy_(self.host_ids[:n_real], non_blocking=True)
             self.mask[:n_real].copy_(self.host_mask[:n_real], non_blocking=True)
@@ -275,12 +325,13 @@ class TensorRTEngine:
                 filler = self.mask[n_real:n_run].view(batch - rows, length)
                 filler.zero_()
                 filler[:, 0] = 1
-            graph = profile.graphs.get(batch) if use_graph else None
-            if graph is not None:
-                graph.replay()
+            if captured is not None and captured.graph is not None:
+                # replays the launches captured at this shape (in the fallback the shared eager
+                # context may have been re-shaped since: the form Triton's TensorRT backend uses)
+                captured.graph.replay()
             else:
-                self._set_shape(profile, batch, length)
-                self._enqueue(profile)
+                self._set_shape(profile.eager, batch, length)
+                self._enqueue(profile.eager)
             self.host_out[:rows].copy_(self.out[:rows], non_blocking=True)  # one D2H copy
         self.stream.synchronize()
         return self.host_out[:rows].numpy().copy()
@@ -289,6 +340,12 @@ class TensorRTEngine:
         """Device memory the engine holds, by what it is for (gpu_check prints it)."""
         io = (self.ids.numel() + self.mask.numel() + self.types.numel()) * 8 + self.out.numel() * 4
         return {"activations": self.activation_bytes, "io_buffers": io}
+
+    def num_contexts(self) -> int:
+        """Execution contexts open, all on the one activation block (gpu_check prints it)."""
+        profiles = [*self.profiles, *([self.long_profile] if self.long_profile else [])]
+        own = [c for p in profiles for c in p.graphs.values() if c.batch is not None]
+        return len(profiles) + len(own)
 
     def close(self) -> None:
         self.stream.synchronize()

@@ -1,5 +1,6 @@
 """What the TensorRT runtime and builder decide at load, on stand-ins for TensorRT's objects: the
-version rule, the I/O contract, the capture fallback and the timing cache."""
+version rules, the I/O contract, the contexts opened, the capture fallback and the timing
+cache."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import pytest
 
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
 from python_backend.engines.tensorrt_checks import (
+    ContextSlot,
     EngineContractError,
     IOTensor,
     capture_all,
     check_io_contract,
+    context_slots,
     require_built_by,
+    require_supported_major,
 )
 
 GOOD = [
@@ -151,3 +155,30 @@ def test_files_are_replaced_whole(tmp_path):
     write_atomically(path, b"new")
     assert path.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["model.plan"]
+
+
+def test_only_the_supported_tensorrt_major_builds_or_loads():
+    require_supported_major("10.16.1.11")
+    with pytest.raises(EngineContractError, match=r"TensorRT 11\.1\.0 is not supported.*10\.x"):
+        require_supported_major("11.1.0")
+    with pytest.raises(EngineContractError, match="not supported"):
+        require_supported_major("8.6.1")
+
+
+def test_every_captured_size_gets_a_context_of_its_own_and_each_profile_an_eager_one():
+    slots = context_slots([(1, 2, 4), (1, 3)], long_rows=True)
+    assert slots == [
+        ContextSlot(0, None),
+        ContextSlot(0, 1),
+        ContextSlot(0, 2),
+        ContextSlot(0, 4),
+        ContextSlot(1, None),
+        ContextSlot(1, 1),
+        ContextSlot(1, 3),
+        ContextSlot(2, None),  # the long-row profile: lengths vary, so no graph
+    ]
+    # no (profile, size) is served by two contexts, and every profile can run any size eagerly
+    captured = [(s.profile, s.batch) for s in slots if s.batch is not None]
+    assert len(captured) == len(set(captured))
+    assert {s.profile for s in slots if s.batch is None} == {0, 1, 2}
+    assert context_slots([()], long_rows=False) == [ContextSlot(0, None)]
