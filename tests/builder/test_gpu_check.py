@@ -3,12 +3,21 @@ phase; an engine wrong at one batch size of one bucket must fail exactly there."
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from builder.gpu_check import check_engine, uncaptured_size
+from builder.build import build
+from builder.gpu_check import (
+    CHECKS,
+    check_engine,
+    check_model_dir,
+    check_spec,
+    pooling_variant,
+    uncaptured_sizes,
+)
 from builder.spec import BuildError, BuildSpec
 from python_backend.engines import open_engine
 from python_backend.manifest import load_manifest
@@ -69,8 +78,9 @@ def test_matching_engines_pass_every_phase_at_every_size(classifier):
             assert sizes == list(bucket.captured_batch_sizes)
     eager = {(r.length, r.batch) for r in results if r.phase == "eager"}
     for bucket in manifest.buckets:
-        size = uncaptured_size(bucket.captured_batch_sizes, bucket.max_rows)
-        assert (bucket.length, size) in eager and size not in bucket.captured_batch_sizes
+        sizes = uncaptured_sizes(bucket.captured_batch_sizes, bucket.max_rows)
+        assert sizes and all((bucket.length, size) in eager for size in sizes)
+        assert not set(sizes) & set(bucket.captured_batch_sizes)
     long_lengths = {r.length for r in results if r.phase == "long-rows"}
     assert long_lengths == {17, 28, 40}
 
@@ -150,3 +160,71 @@ def test_a_reranker_is_checked_by_its_score_with_pairs_in_every_row(tmp_path, mi
         ("captured", 2),
         ("captured-again", 2),
     }
+
+
+def test_uncaptured_sizes_are_the_smallest_and_largest_without_a_graph():
+    assert uncaptured_sizes((1, 2, 4, 8), 8) == [3, 7]
+    assert uncaptured_sizes((1, 2, 3), 3) == []
+    assert uncaptured_sizes((1, 2, 4), 4) == [3]
+
+
+def test_the_eager_phase_runs_each_uncaptured_size_at_exactly_that_size(classifier):
+    manifest, version = classifier
+    engine = open_engine(manifest, version)
+    shapes: list[tuple[int, int]] = []
+
+    def run_eagerly(ids, mask):
+        shapes.append(ids.shape)
+        return engine.run(ids, mask)
+
+    check_engine(engine, engine, manifest, 0.999, np.random.default_rng(0), run_eagerly)
+    captured = {b.length: b.captured_batch_sizes for b in manifest.buckets}
+    assert shapes and all(batch not in captured[length] for batch, length in shapes)
+    assert {length for _, length in shapes} == set(captured)
+
+
+@pytest.fixture(scope="module")
+def gpu_check_args(tmp_path_factory):
+    return argparse.Namespace(
+        buckets="16,32,64,128", max_length=192, work_dir=tmp_path_factory.mktemp("gpu-check")
+    )
+
+
+def test_the_check_builds_a_long_row_range_and_its_phase_runs(gpu_check_args, minilm_dir):
+    """The spec gpu_check builds, built here with ONNX Runtime: its long-row profile exists and
+    the long-row phase compares rows above the last bucket."""
+    model_dir = check_model_dir("classifier", minilm_dir, gpu_check_args.work_dir)
+    spec = check_spec("classifier", model_dir, gpu_check_args)
+    result = build(spec.with_(name="ort", engine="onnxruntime"))
+    manifest = with_captured_sizes(result.manifest)
+    assert manifest.long_rows is not None and manifest.last_bucket < manifest.max_length
+    engine = open_engine(manifest, result.version_dir)
+    results = check_engine(engine, engine, manifest, 0.999, np.random.default_rng(0))
+    long_rows = [r for r in results if r.phase == "long-rows"]
+    assert long_rows and all(
+        manifest.last_bucket < r.length <= manifest.max_length for r in long_rows
+    )
+    assert all(r.ok for r in results)
+    # MiniLM's check keeps a long-row range too
+    embedding = check_spec("embedding", minilm_dir, gpu_check_args)
+    assert embedding.last_bucket == 128 < embedding.max_length == 192
+
+
+def test_a_check_without_a_long_row_range_is_refused(gpu_check_args, minilm_dir):
+    args = argparse.Namespace(**{**vars(gpu_check_args), "max_length": 128})
+    with pytest.raises(BuildError, match="must exceed the last bucket"):
+        check_spec("embedding", minilm_dir, args)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "max", "lasttoken"])
+def test_every_pooling_is_checked_on_a_copy_of_minilm(gpu_check_args, minilm_dir, pooling):
+    from builder.families import embedding_pipeline
+
+    check = f"embedding-{pooling}"
+    assert CHECKS[check] == ("embedding", pooling)
+    folder = check_model_dir(check, minilm_dir, gpu_check_args.work_dir)
+    assert embedding_pipeline(folder).pooling == pooling
+    assert embedding_pipeline(minilm_dir).pooling == "mean", "the original is never written"
+    assert (folder / "model.safetensors").is_symlink()  # weights linked, not copied
+    again = pooling_variant(minilm_dir, pooling, folder)  # a rerun replaces the copy
+    assert embedding_pipeline(again).pooling == pooling
