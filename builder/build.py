@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from builder import buckets as bucket_choice
+from builder.opt_shapes import OptChoice, planned_opt_rows
 from builder.spec import BuildError, BuildSpec, option
 from builder.triton_config import cpu_instance, gpu_instances, model_config, write_config
 from python_backend.cost_models import LinearCost, StoredCost
@@ -143,14 +144,26 @@ def build(spec: BuildSpec) -> BuildResult:
         model = load_family_model(spec, resolved, progress)
     max_length, last_bucket = length_limits(spec, model)
     with progress("choose buckets"):
-        report = choose_bucket_lengths(spec, resolved, last_bucket, progress)
+        # the sample chooses the lengths (unless they are given) and each profile's opt batch
+        needed = not spec.buckets or resolved.engine_kind == "tensorrt"
+        sample = length_sample(spec, resolved, last_bucket) if needed else None
+        report = choose_bucket_lengths(spec, resolved, last_bucket, sample, progress)
         buckets, long_rows = size_buckets(
             spec, resolved, report.lengths, last_bucket, max_length, progress
         )
+        opt = choose_opt_rows(spec, sample, buckets, long_rows, max_length, progress)
     version_dir = spec.repository / spec.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     engine_files, engine_version = export_and_build_engine(
-        spec, resolved, model, buckets, last_bucket, max_length, long_rows, version_dir, progress
+        spec,
+        resolved,
+        model,
+        opt.buckets,
+        last_bucket,
+        max_length,
+        opt.long_rows,
+        version_dir,
+        progress,
     )
     manifest = Manifest(
         model_name=spec.name,
@@ -161,14 +174,15 @@ def build(spec: BuildSpec) -> BuildResult:
         max_length=max_length,
         vocab_size=model.vocab_size,
         pad_token_id=model.pad_token_id,
-        buckets=buckets,
+        buckets=opt.buckets,
         max_batch=spec.max_batch,
         engine_kind=resolved.engine_kind,
         engine_files=engine_files,
         engine_version=engine_version,
         precision=resolved.precision,
         cost_model=LinearCost(spec.overhead_tokens),
-        long_rows=long_rows,
+        long_rows=opt.long_rows,
+        opt_rows_source=opt.source,
         source={"model_dir": str(resolved.model_dir), **model.describe},
         prompts=model.prompts,
         default_prompt_name=model.default_prompt_name,
@@ -270,8 +284,25 @@ def sample_lengths(spec: BuildSpec, tokenize: Callable[[list[str]], list[int]]) 
         return None
 
 
+def length_sample(spec: BuildSpec, resolved: Resolved, last_bucket: int) -> list[int] | None:
+    """Row lengths from the spec's sample (or the local corpus), tokenized by the server's own
+    tokenizer, untruncated: the sample's real lengths, past the limit too."""
+    from python_backend.tokenization import TextTokenizer
+
+    tokenizer = TextTokenizer(resolved.tokenizer_path, last_bucket)
+
+    def tokenize(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer.encode(texts, truncate=False)]
+
+    return sample_lengths(spec, tokenize)
+
+
 def choose_bucket_lengths(
-    spec: BuildSpec, resolved: Resolved, last_bucket: int, progress: Progress
+    spec: BuildSpec,
+    resolved: Resolved,
+    last_bucket: int,
+    sample: list[int] | None,
+    progress: Progress,
 ) -> BucketReport:
     if spec.buckets:
         lengths = sorted(set(spec.buckets))
@@ -281,15 +312,6 @@ def choose_bucket_lengths(
             lengths.append(last_bucket)
         progress.detail(f"explicit buckets {lengths}")
         return BucketReport(tuple(lengths), "explicit")
-    from python_backend.tokenization import TextTokenizer
-
-    # the server's own tokenizer, untruncated: the sample's real lengths, past the limit too
-    tokenizer = TextTokenizer(resolved.tokenizer_path, last_bucket)
-
-    def tokenize(texts: list[str]) -> list[int]:
-        return [len(ids) for ids in tokenizer.encode(texts, truncate=False)]
-
-    sample = sample_lengths(spec, tokenize)
     if not sample:
         lengths = bucket_choice.power_of_two_buckets(last_bucket)
         progress.detail(f"no length sample: power-of-two buckets {lengths}")
@@ -345,6 +367,29 @@ def size_buckets(
             f"long rows {last_bucket + 1}..{max_length}: exact length, 1..{long_rows.max_rows} rows"
         )
     return buckets, long_rows
+
+
+def choose_opt_rows(
+    spec: BuildSpec,
+    sample: list[int] | None,
+    buckets: tuple[Bucket, ...],
+    long_rows: LongRows | None,
+    max_length: int,
+    progress: Progress,
+) -> OptChoice:
+    """Each profile's opt batch from the planner run on the sample (``builder.opt_shapes``)."""
+    from python_backend.engines.base import BucketLayout
+
+    layout = BucketLayout(buckets, max_length, spec.max_batch, long_rows)
+    opt = planned_opt_rows(
+        sample, layout, LinearCost(spec.overhead_tokens), queued_rows=spec.opt_queued_rows
+    )
+    progress.detail(
+        f"opt batch per bucket ({opt.source['method']}): "
+        + ", ".join(f"{b.length}:{b.opt_rows}" for b in opt.buckets)
+        + (f", long rows:{opt.long_rows.opt_rows}" if opt.long_rows else "")
+    )
+    return opt
 
 
 def export_and_build_engine(

@@ -107,6 +107,11 @@ class BuildSpec:
     overhead_tokens: float = _opt(
         "overhead of one forward in padded tokens, for the linear cost model", default=512.0
     )
+    opt_queued_rows: int = _opt(
+        "TensorRT: rows queued when the planner runs, for choosing each profile's opt batch "
+        "(the planner is simulated on queues of this many rows drawn from the length sample)",
+        default=64,
+    )
     calibration_repeats: int = _opt(
         "timed forwards per calibration point (0 skips calibration)", default=3
     )
@@ -128,7 +133,13 @@ class BuildSpec:
 
     def validate(self) -> BuildSpec:
         """The spec itself, or a BuildError naming the first bad setting."""
-        for name in ("num_buckets", "max_batch", "sample_rows", "instances_per_gpu"):
+        for name in (
+            "num_buckets",
+            "max_batch",
+            "sample_rows",
+            "instances_per_gpu",
+            "opt_queued_rows",
+        ):
             if getattr(self, name) < 1:
                 raise BuildError(f"{option(name)} must be >= 1")
         for name in ("max_length", "last_bucket", "token_budget", "align"):

@@ -2,7 +2,7 @@
 
 Each bucket's profile fixes the sequence length (min = opt = max = the bucket length), so kernels
 are tuned for exactly that shape, and lets the batch run from 1 to the bucket's max rows with opt
-at a typical batch. An optional last profile takes rows between the last bucket and the max length
+at the batch the planner really runs there (``builder.opt_shapes``). An optional last profile takes rows between the last bucket and the max length
 at their exact length. A timing cache file is reused across builds: rebuilding after a bucket
 change re-times only new shapes.
 
@@ -32,7 +32,7 @@ def profile_shapes(
         shapes.append(
             (
                 (1, last_bucket + 1),
-                (max(1, long_rows.max_rows // 2), long_rows.opt_length),
+                (long_rows.opt_rows, long_rows.opt_length),
                 (long_rows.max_rows, max_length),
             )
         )

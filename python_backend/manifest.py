@@ -47,6 +47,7 @@ class LongRows:
 
     max_rows: int  # most rows of one length in one forward
     opt_length: int  # the length TensorRT tunes this dynamic profile for
+    opt_rows: int = 1  # the batch TensorRT tunes it for (builder.opt_shapes)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Manifest:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names in output order (id2label); () if none
+    # how each profile's opt batch was chosen (builder.opt_shapes): method, queue, cost
+    opt_rows_source: dict[str, Any] = field(default_factory=dict)
     pair_input: bool = False  # takes TEXT with TEXT_PAIR; the graph has token_type_ids
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
@@ -169,9 +172,16 @@ def manifest_from_dict(data: Any) -> Manifest:
     long_rows = None
     if data.get("long_rows") is not None:
         raw = _require(data, "long_rows", dict)
+        max_rows = _positive(raw, "max_rows", "long_rows.")
+        # manifests written before opt_rows was chosen tuned at half the max rows
+        opt_rows = _positive(raw, "opt_rows", "long_rows.") if "opt_rows" in raw else None
         long_rows = LongRows(
-            _positive(raw, "max_rows", "long_rows."), _positive(raw, "opt_length", "long_rows.")
+            max_rows,
+            _positive(raw, "opt_length", "long_rows."),
+            opt_rows or max(1, max_rows // 2),
         )
+        if long_rows.opt_rows > max_rows:
+            raise ManifestError("manifest field 'long_rows.opt_rows' exceeds max_rows")
         if lengths[-1] == max_length:
             raise ManifestError(
                 "manifest field 'long_rows' is set but no length is above the last bucket"
@@ -233,6 +243,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         precision=_choice(data, "precision", PRECISIONS),
         cost_model=cost,
         long_rows=long_rows,
+        opt_rows_source=dict(data.get("opt_rows_source") or {}),
         calibration=dict(data.get("calibration") or {}),
         source=dict(data.get("source") or {}),
         format_version=version,

@@ -127,7 +127,12 @@ def test_buckets_are_chosen_from_a_length_sample(tmp_path, tiny_classifier_dir):
     )
     assert result.buckets.lengths == (5, 12, 64) and result.buckets.source == "sample"
     assert result.buckets.padding_efficiency > result.buckets.power_of_two_efficiency
-    assert [b.length for b in load_manifest(tmp_path / "clf" / "1").buckets] == [5, 12, 64]
+    manifest = load_manifest(tmp_path / "clf" / "1")
+    assert [b.length for b in manifest.buckets] == [5, 12, 64]
+    # each profile's opt batch is what the planner runs on queues drawn from the same sample
+    assert manifest.opt_rows_source["method"].startswith("simulated")
+    assert manifest.opt_rows_source["sample_rows"] == 100
+    assert all(1 <= b.opt_rows <= b.max_rows for b in manifest.buckets)
 
 
 def test_calibration_stores_a_fitted_cost_model(tmp_path, tiny_classifier_dir):

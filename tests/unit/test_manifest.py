@@ -86,6 +86,10 @@ def bad(**edits):
         (bad(engine_files=[]), "'engine_files' must list file names"),
         (bad(engine_kind="tensorrt"), "'engine_version' is missing"),
         (bad(engine_kind="tensorrt", engine_version=10), "'engine_version' has the wrong type"),
+        (
+            bad(long_rows={"max_rows": 4, "opt_length": 280, "opt_rows": 5}),
+            "'long_rows.opt_rows' exceeds max_rows",
+        ),
     ],
 )
 def test_an_invalid_manifest_names_the_field(data, message):
@@ -110,3 +114,8 @@ def test_unreadable_json_is_refused(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ManifestError, match="not readable JSON"):
         load_manifest(tmp_path)
+
+
+def test_a_long_row_profile_written_before_its_opt_batch_was_chosen_tunes_at_half():
+    data = bad(long_rows={"max_rows": 8, "opt_length": 280})
+    assert manifest_from_dict(data).long_rows == LongRows(8, 280, 4)
