@@ -5,7 +5,8 @@ The steps, each a function of its own:
 2. ``load_family_model``: the model wrapped for its family (pooling or head inside the graph);
 3. ``choose_bucket_lengths``, ``size_buckets``: lengths from a sample (exact DP) or the spec, then
    each bucket's batch range and captured sizes under the token budget;
-4. ``export_and_build_engine``: ONNX export, then the engine (TensorRT: one profile per bucket);
+4. ``export_and_build_engine``: ONNX export, then the engine (TensorRT: one optimization profile
+   per entry of the engine profiles, derived once from the buckets and recorded in the manifest);
 5. ``calibrate_cost``: the planner's cost model, timed on the built engine;
 6. ``write_entry``: manifest.json, config.pbtxt, model.py and the tokenizer.
 
@@ -30,6 +31,7 @@ from builder.opt_shapes import OptChoice, planned_opt_rows
 from builder.spec import BuildError, BuildSpec, option
 from builder.triton_config import cpu_instance, gpu_instances, model_config, write_config
 from python_backend.cost_models import LinearCost, StoredCost
+from python_backend.engine_profiles import EngineProfiles, engine_profiles
 from python_backend.manifest import Bucket, LongRows, Manifest
 
 if TYPE_CHECKING:
@@ -154,16 +156,9 @@ def build(spec: BuildSpec) -> BuildResult:
         opt = choose_opt_rows(spec, sample, buckets, long_rows, max_length, progress)
     version_dir = spec.repository / spec.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
+    profiles = engine_profiles(opt.buckets, opt.long_rows, max_length, model.input_names)
     engine_files, engine_version = export_and_build_engine(
-        spec,
-        resolved,
-        model,
-        opt.buckets,
-        last_bucket,
-        max_length,
-        opt.long_rows,
-        version_dir,
-        progress,
+        spec, resolved, model, profiles, version_dir, progress
     )
     manifest = Manifest(
         model_name=spec.name,
@@ -187,7 +182,7 @@ def build(spec: BuildSpec) -> BuildResult:
         prompts=model.prompts,
         default_prompt_name=model.default_prompt_name,
         labels=model.labels,
-        pair_input=len(model.input_names) == 3,
+        input_names=model.input_names,
     )
     if spec.calibration_repeats:
         with progress("calibrate cost model"):
@@ -396,10 +391,7 @@ def export_and_build_engine(
     spec: BuildSpec,
     resolved: Resolved,
     model: LoadedModel,
-    buckets: tuple[Bucket, ...],
-    last_bucket: int,
-    max_length: int,
-    long_rows: LongRows | None,
+    profiles: EngineProfiles,
     version_dir: Path,
     progress: Progress,
 ) -> tuple[tuple[str, ...], str]:
@@ -418,13 +410,12 @@ def export_and_build_engine(
         check_fp16_range(onnx_path, progress)
     with progress(f"build {kind} engine"):
         if kind == "tensorrt":
-            from builder.tensorrt_build import build_engine, profile_shapes
+            from builder.tensorrt_build import build_engine
 
-            shapes = profile_shapes(buckets, last_bucket, max_length, long_rows)
             engine_version = build_engine(
                 onnx_path,
                 version_dir / "model.plan",
-                shapes,
+                profiles,
                 resolved.precision,
                 spec.timing_cache,
                 log=progress.detail,
@@ -493,7 +484,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         manifest.output_name,
         manifest.output_dim,
         instances=gpu_instances(spec.gpus, spec.instances_per_gpu) if on_gpu else cpu_instance(),
-        pair_input=manifest.pair_input,
+        takes_pairs=manifest.takes_pairs,
     )
     labels = version_dir.parent / LABELS_FILE
     if manifest.labels:  # Triton's classification extension names the classes from this file

@@ -103,7 +103,7 @@ def check_engine(
     """Compares ``candidate`` with ``reference`` over every size the server runs (above)."""
     results: list[Comparison] = []
     eager = run_eagerly or candidate.run
-    pairs = manifest.pair_input
+    pairs = manifest.takes_pairs
 
     def compare(phase: str, rows: list[np.ndarray], length: int, fn: Any) -> None:
         ids, mask = pad_rows(rows, length, manifest.pad_token_id)
@@ -148,7 +148,7 @@ def latency_table(engine: Any, manifest: Manifest, rng: np.random.Generator) -> 
     for bucket in manifest.buckets:
         for batch in bucket.captured_batch_sizes or (bucket.max_rows,):
             rows = random_rows(
-                rng, batch, bucket.length, bucket.length, manifest.vocab_size, manifest.pair_input
+                rng, batch, bucket.length, bucket.length, manifest.vocab_size, manifest.takes_pairs
             )
             ids, mask = pad_rows(rows, bucket.length, manifest.pad_token_id)
             graph_ms = median_seconds(lambda: engine.run(ids, mask), repeats=20) * 1e3  # noqa: B023

@@ -1,4 +1,5 @@
-"""ONNX -> one TensorRT engine with one optimization profile per length bucket.
+"""ONNX -> one TensorRT engine with one optimization profile per entry of the manifest's
+``engine_profiles`` (one per length bucket, then the long-row profile), in that order.
 
 Each bucket's profile fixes the sequence length (min = opt = max = the bucket length), so kernels
 are tuned for exactly that shape, and lets the batch run from 1 to the bucket's max rows with opt
@@ -18,31 +19,15 @@ from pathlib import Path
 import tensorrt as trt
 
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
-from python_backend.manifest import Bucket, LongRows
+from python_backend.engine_profiles import EngineProfiles
 
 WORKSPACE_BYTES = 8 << 30
-
-
-def profile_shapes(
-    buckets: tuple[Bucket, ...], last_bucket: int, max_length: int, long_rows: LongRows | None
-) -> list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]:
-    """(min, opt, max) shapes [B, T] of every profile, in profile order (buckets, then long rows)."""
-    shapes = [((1, b.length), (b.opt_rows, b.length), (b.max_rows, b.length)) for b in buckets]
-    if long_rows is not None:
-        shapes.append(
-            (
-                (1, last_bucket + 1),
-                (long_rows.opt_rows, long_rows.opt_length),
-                (long_rows.max_rows, max_length),
-            )
-        )
-    return shapes
 
 
 def build_engine(
     onnx_path: Path,
     engine_path: Path,
-    shapes: list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]],
+    profiles: EngineProfiles,
     precision: str,
     timing_cache_path: Path,
     log: Callable[[str], None] = print,
@@ -65,15 +50,23 @@ def build_engine(
     use_timing_cache(config, timing_cache_path, log)
 
     # every graph input takes the same [B, T] range: ids, mask, and token types for pair models
-    input_names = [network.get_input(i).name for i in range(network.num_inputs)]
-    for min_shape, opt_shape, max_shape in shapes:
+    graph_inputs = tuple(network.get_input(i).name for i in range(network.num_inputs))
+    if graph_inputs != profiles.input_names:
+        raise RuntimeError(
+            f"{onnx_path} has inputs {list(graph_inputs)}; the manifest names "
+            f"{list(profiles.input_names)}"
+        )
+    for entry in profiles.profiles:
         profile = builder.create_optimization_profile()
-        for name in input_names:
+        for name in profiles.input_names:
             profile.set_shape(
-                name, trt.Dims2(*min_shape), trt.Dims2(*opt_shape), trt.Dims2(*max_shape)
+                name,
+                trt.Dims2(*entry.min_shape),
+                trt.Dims2(*entry.opt_shape),
+                trt.Dims2(*entry.max_shape),
             )
         config.add_optimization_profile(profile)
-    log(f"building TensorRT engine: {len(shapes)} profiles, {precision}")
+    log(f"building TensorRT engine: {len(profiles.profiles)} profiles, {precision}")
 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:

@@ -51,7 +51,7 @@ def model_config(
     output_dim: int,
     parameters: dict[str, str] | None = None,
     instances: mc.ModelInstanceGroup | None = None,
-    pair_input: bool = False,
+    takes_pairs: bool = False,
 ) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
     text, input_ids, attention_mask = REQUEST_INPUTS
@@ -62,7 +62,7 @@ def model_config(
     config.input.append(
         mc.ModelInput(name=attention_mask, data_type=mc.TYPE_INT64, dims=[-1], optional=True)
     )
-    if pair_input:  # cross-encoders: the second text of each row
+    if takes_pairs:  # cross-encoders: the second text of each row
         config.input.append(
             mc.ModelInput(name=PAIR_INPUT, data_type=mc.TYPE_STRING, dims=[1], optional=True)
         )
@@ -116,7 +116,7 @@ def add_model_variant(
         int(output.dims[0]),
         inherited | (parameters or {}),
         instances=base.instance_group[0] if base.instance_group else None,
-        pair_input=any(i.name == PAIR_INPUT for i in base.input),
+        takes_pairs=any(i.name == PAIR_INPUT for i in base.input),
     )
     write_config(config, target.parent)
     return config

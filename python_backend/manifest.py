@@ -1,28 +1,37 @@
 """The manifest: one versioned JSON file in a model's version folder, read by builder and server.
 
 It says what the engine files are and how to run them: the model family and its output, the
-tokenizer and the max length, the length buckets with their batch ranges, the cost model the
-planner uses, the engine kind, its files and precision. Loading validates every field and names
-the one that is wrong, so a bad build fails at model load with a message, not later mid-request.
+tokenizer and the max length, the length buckets with their batch ranges, the graph's input
+names, the cost model the planner uses, the engine kind, its files and precision. The engine's
+optimization profiles (``engine_profiles``) are derived from the buckets once and written beside
+them, for the reader; loading derives them again and refuses a file whose profiles differ.
+Loading validates every field and names the one that is wrong, so a bad build fails at model
+load with a message, not later mid-request.
+
+Format 1 (before the input names and profiles were written) is still read: its ``pair_input``
+flag names the token-type input.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from python_backend.contract import FAMILIES, FAMILY_OUTPUTS
+from python_backend.contract import ENGINE_INPUTS, FAMILIES, FAMILY_OUTPUTS, TOKEN_TYPE_INPUT
 from python_backend.cost_models import (
     CostModel,
     StoredCost,
     cost_model_from_dict,
     cost_model_to_dict,
 )
+from python_backend.engine_profiles import EngineProfiles, engine_profiles
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 ENGINE_KINDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16")
 
@@ -76,7 +85,8 @@ class Manifest:
     labels: tuple[str, ...] = ()  # classifier class names in output order (id2label); () if none
     # how each profile's opt batch was chosen (builder.opt_shapes): method, queue, cost
     opt_rows_source: dict[str, Any] = field(default_factory=dict)
-    pair_input: bool = False  # takes TEXT with TEXT_PAIR; the graph has token_type_ids
+    # the graph's inputs, in order ([B, T] int64 each): a family with token types has three
+    input_names: tuple[str, ...] = ENGINE_INPUTS
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -85,12 +95,23 @@ class Manifest:
     def last_bucket(self) -> int:
         return self.buckets[-1].length
 
+    @property
+    def takes_pairs(self) -> bool:
+        """Takes TEXT with TEXT_PAIR: the graph reads each token's type (cross-encoders)."""
+        return TOKEN_TYPE_INPUT in self.input_names
+
+    @cached_property
+    def engine_profiles(self) -> EngineProfiles:
+        """The engine's profiles, in order: the one value builder and runtimes read."""
+        return engine_profiles(self.buckets, self.long_rows, self.max_length, self.input_names)
+
     def planner_cost(self) -> CostModel:
         return self.cost_model
 
     def to_json(self) -> str:
         data = asdict(self)
         data["cost_model"] = cost_model_to_dict(self.cost_model)
+        data["engine_profiles"] = self.engine_profiles.to_dict()  # derived, for the reader
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, version_dir: Path) -> Path:
@@ -149,9 +170,11 @@ def manifest_from_dict(data: Any) -> Manifest:
     if not isinstance(data, dict):
         raise ManifestError("manifest must be a JSON object")
     version = _require(data, "format_version", int)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_FORMATS:
         raise ManifestError(
-            f"manifest field 'format_version' is {version}; this server reads {FORMAT_VERSION}"
+            f"manifest field 'format_version' is {version}; this server reads "
+            f"{', '.join(map(str, READABLE_FORMATS))}: rebuild the model with "
+            "`python -m builder build`"
         )
     family = _choice(data, "family", FAMILIES)
     output_name = _require(data, "output_name", str)
@@ -217,12 +240,8 @@ def manifest_from_dict(data: Any) -> Manifest:
     labels = data.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise ManifestError("manifest field 'labels' must list class names")
-    pair_input = data.get("pair_input", False)
-    if not isinstance(pair_input, bool):
-        raise ManifestError(f"manifest field 'pair_input' has the wrong type: {pair_input!r}")
-    if pair_input != (family == "reranker"):
-        raise ManifestError("manifest field 'pair_input' is true exactly for the reranker family")
-    return Manifest(
+    input_names = _input_names(data, version, family)
+    manifest = Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
         output_name=output_name,
@@ -238,7 +257,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         prompts=dict(prompts),
         default_prompt_name=default_prompt,
         labels=tuple(labels),
-        pair_input=pair_input,
+        input_names=input_names,
         engine_files=tuple(engine_files),
         precision=_choice(data, "precision", PRECISIONS),
         cost_model=cost,
@@ -246,8 +265,33 @@ def manifest_from_dict(data: Any) -> Manifest:
         opt_rows_source=dict(data.get("opt_rows_source") or {}),
         calibration=dict(data.get("calibration") or {}),
         source=dict(data.get("source") or {}),
-        format_version=version,
+        format_version=FORMAT_VERSION,
     )
+    written = data.get("engine_profiles")
+    if version >= 2 and written != manifest.engine_profiles.to_dict():
+        raise ManifestError(
+            "manifest field 'engine_profiles' is not what its buckets derive (written by another "
+            "builder, or edited): rebuild the model with `python -m builder build`"
+        )
+    return manifest
+
+
+def _input_names(data: dict[str, Any], version: int, family: str) -> tuple[str, ...]:
+    """The graph's inputs: written since format 2; format 1 flagged the third with pair_input."""
+    if version == 1:
+        pair_input = data.get("pair_input", False)
+        if not isinstance(pair_input, bool):
+            raise ManifestError(f"manifest field 'pair_input' has the wrong type: {pair_input!r}")
+        if pair_input != (family == "reranker"):
+            raise ManifestError(
+                "manifest field 'pair_input' is true exactly for the reranker family"
+            )
+        return (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if pair_input else ENGINE_INPUTS
+    names = _require(data, "input_names", list)
+    expected = (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if family == "reranker" else ENGINE_INPUTS
+    if tuple(names) != expected:
+        raise ManifestError(f"manifest field 'input_names' must be {list(expected)} for {family}")
+    return expected
 
 
 def load_manifest(version_dir: Path) -> Manifest:

@@ -71,11 +71,11 @@ class TritonPythonModel:
             int(config["max_batch_size"]),
             longest,
             manifest.vocab_size,
-            pairs=bool(getattr(manifest, "pair_input", False)),
+            pairs=manifest.takes_pairs,
         )
         self.prompts = Prompts(
-            dict(getattr(manifest, "prompts", {}) or {}),
-            getattr(manifest, "default_prompt_name", None),
+            manifest.prompts,
+            manifest.default_prompt_name,
         )
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         self.scheduler = Scheduler(

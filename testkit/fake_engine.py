@@ -1,7 +1,8 @@
 """A fake engine for scheduler tests: no model, an output that identifies each row.
 
 Its output for a row is (sum of real token ids, number of real tokens, padded length), so a test
-can tell that every row got its own answer and at which length it ran. Never served.
+can tell that every row got its own answer and at which length it ran. Never served. A real
+manifest for it (``manifest_for``) lets the Triton glue be tested as it reads a built one.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import threading
 
 import numpy as np
 
+from python_backend.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, LongRows
+from python_backend.manifest import Bucket, LongRows, Manifest
 
 
 def layout(lengths=(16, 32, 64), max_rows=8, max_length=None, long_rows_max=4) -> BucketLayout:
@@ -19,6 +21,29 @@ def layout(lengths=(16, 32, 64), max_rows=8, max_length=None, long_rows_max=4) -
     max_length = max_length or lengths[-1]
     long_rows = LongRows(long_rows_max, max_length) if max_length > lengths[-1] else None
     return BucketLayout(buckets, max_length, max_batch=max_rows, long_rows=long_rows)
+
+
+def manifest_for(layout: BucketLayout, **changes) -> Manifest:
+    """A real manifest for an engine of this layout (the embedding family, 30522 ids, a cost of
+    64 tokens per forward); ``changes`` replace fields."""
+    fields = dict(
+        model_name="m",
+        family="embedding",
+        output_name=FakeChecksumEngine.output_name,
+        output_dim=FakeChecksumEngine.output_dim,
+        tokenizer_file="tokenizer.json",
+        max_length=layout.max_length,
+        vocab_size=30522,
+        pad_token_id=0,
+        buckets=layout.buckets,
+        max_batch=layout.max_batch,
+        engine_kind="onnxruntime",
+        engine_files=("model.onnx",),
+        precision="fp32",
+        cost_model=LinearCost(64),
+        long_rows=layout.long_rows,
+    )
+    return Manifest(**{**fields, **changes})
 
 
 class FakeChecksumEngine:

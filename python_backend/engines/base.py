@@ -7,6 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
+from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
 from python_backend.cost_models import next_captured_size
 from python_backend.manifest import Bucket, LongRows, Manifest
 
@@ -85,6 +86,19 @@ class Engine(Protocol):
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
     def close(self) -> None: ...
+
+
+def graph_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Every graph input a family may read, by name, from packed ids and the mask: the ids,
+    the mask and the token types (which ride in the ids' high bits: ``contract``). An engine
+    takes the ones its ``input_names`` list."""
+    ids, types = split_token_types(input_ids.astype(np.int64, copy=False))
+    input_ids_name, attention_mask_name = ENGINE_INPUTS
+    return {
+        input_ids_name: ids,
+        attention_mask_name: attention_mask.astype(np.int64, copy=False),
+        TOKEN_TYPE_INPUT: types,
+    }
 
 
 def run_rows(

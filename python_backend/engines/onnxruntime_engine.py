@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
-from python_backend.engines.base import BucketLayout
+from python_backend.engines.base import BucketLayout, graph_inputs
 from python_backend.manifest import Manifest
 
 
@@ -50,16 +49,11 @@ class OnnxRuntimeEngine:
             str(path), sess_options=session_options(), providers=providers(device)
         )
         self.provider = self.session.get_providers()[0]
-        self.pair_input = manifest.pair_input
+        self.input_names = manifest.engine_profiles.input_names
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        ids_name, mask_name = ENGINE_INPUTS
-        feed = {
-            ids_name: input_ids.astype(np.int64, copy=False),
-            mask_name: attention_mask.astype(np.int64, copy=False),
-        }
-        if self.pair_input:  # token types ride in the ids' high bits (contract)
-            feed[ids_name], feed[TOKEN_TYPE_INPUT] = split_token_types(feed[ids_name])
+        tensors = graph_inputs(input_ids, attention_mask)
+        feed = {name: tensors[name] for name in self.input_names}
         (out,) = self.session.run([self.output_name], feed)
         return np.asarray(out, dtype=np.float32)
 

@@ -4,8 +4,8 @@ that every rule here is unit-tested on machines without a GPU.
 - ``require_built_by``: a plan loads only in the TensorRT version that serialized it (plans are
   not built version-compatible), so a mismatch is refused with both versions named, before
   TensorRT's own deserializer fails with a less helpful message;
-- ``check_io_contract``: the engine's I/O tensors are exactly the two INT64 [B, T] inputs and the
-  FP32 [B, D] output the runtime binds; anything else is named;
+- ``check_io_contract``: the engine's I/O tensors are exactly the manifest's INT64 [B, T] inputs
+  and the FP32 [B, D] output the runtime binds; anything else is named;
 - ``require_supported_major``: TensorRT 11 dropped weakly typed networks (``BuilderFlag.FP16``),
   which is how this project asks for FP16; a build or load under another major is refused with
   the supported one named, until the strongly typed form is built;
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+from python_backend.contract import ENGINE_INPUTS
 
 
 class EngineContractError(RuntimeError):
@@ -90,12 +90,11 @@ class IOTensor:
 
 
 def check_io_contract(
-    tensors: Iterable[IOTensor], output_name: str, pair_input: bool = False
+    tensors: Iterable[IOTensor], output_name: str, input_names: Sequence[str] = ENGINE_INPUTS
 ) -> None:
-    """The runtime binds ids and mask (and token types for pair models) as INT64 [B, T] and the
-    output as FLOAT [B, D]."""
-    inputs = (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if pair_input else ENGINE_INPUTS
-    expected = {name: (True, "INT64") for name in inputs}
+    """The runtime binds every name of ``input_names`` (the manifest's: ids, mask, and token
+    types for pair models) as INT64 [B, T] and the output as FLOAT [B, D]."""
+    expected = {name: (True, "INT64") for name in input_names}
     expected[output_name] = (False, "FLOAT")
     seen: set[str] = set()
     for tensor in tensors:

@@ -37,8 +37,8 @@ import numpy as np
 import tensorrt as trt
 import torch
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
-from python_backend.engines.base import BucketLayout
+from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+from python_backend.engines.base import BucketLayout, graph_inputs
 from python_backend.engines.tensorrt_checks import (
     IOTensor,
     capture_all,
@@ -104,16 +104,13 @@ class TensorRTEngine:
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not load {path} (see the TensorRT log above)")
-        self.pair_input = manifest.pair_input
-        self.input_names = (
-            (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if self.pair_input else tuple(ENGINE_INPUTS)
-        )
-        check_io_contract(self._io_tensors(), self.output_name, self.pair_input)
-        expected = len(manifest.buckets) + (1 if manifest.long_rows else 0)
-        if self.engine.num_optimization_profiles != expected:
+        self.profile_table = profiles = manifest.engine_profiles
+        self.input_names = profiles.input_names
+        check_io_contract(self._io_tensors(), self.output_name, self.input_names)
+        if self.engine.num_optimization_profiles != len(profiles.profiles):
             raise RuntimeError(
                 f"{path} has {self.engine.num_optimization_profiles} profiles; "
-                f"the manifest describes {expected}"
+                f"the manifest describes {len(profiles.profiles)}"
             )
 
         # one activation block and one set of I/O buffers, shared by every context
@@ -121,62 +118,59 @@ class TensorRTEngine:
         self.activations = torch.empty(
             max(self.activation_bytes, 1), dtype=torch.uint8, device=self.device
         )
-        max_rows_all = max(
-            [b.max_rows for b in manifest.buckets]
-            + ([manifest.long_rows.max_rows] if manifest.long_rows else [])
-        )
-        max_tokens = max(
-            [b.max_rows * b.length for b in manifest.buckets]
-            + ([manifest.long_rows.max_rows * manifest.max_length] if manifest.long_rows else [])
-        )
-        self.ids = torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
-        self.mask = torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
-        # pair models' token types (all zero, and unbound, for the other families)
-        self.types = torch.zeros(
-            max_tokens if self.pair_input else 1, dtype=torch.int64, device=self.device
-        )
+        max_tokens = profiles.max_tokens
+        # one device buffer per graph input, and pinned staging buffers: host<->device copies
+        # are then asynchronous DMA
+        self.inputs = {
+            name: torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
+            for name in self.input_names
+        }
+        self.host_inputs = {
+            name: torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
+            for name in self.input_names
+        }
+        # a row past the real ones: (first token, the rest) of each input; one real token, so
+        # pooling never divides by zero
+        pad_rows = {
+            ENGINE_INPUTS[0]: (self.pad_token_id, self.pad_token_id),
+            ENGINE_INPUTS[1]: (1, 0),
+            TOKEN_TYPE_INPUT: (0, 0),
+        }
+        self._pad_row = {name: pad_rows[name] for name in self.input_names}
         self.out = torch.empty(
-            (max_rows_all, self.output_dim), dtype=torch.float32, device=self.device
-        )
-        buffers = (self.ids, self.mask, self.types)
-        self._inputs = dict(zip(self.input_names, buffers, strict=False))  # name -> device buffer
-        # pinned staging buffers: host<->device copies are then asynchronous DMA
-        self.host_ids = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
-        self.host_mask = torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
-        self.host_types = torch.empty(
-            max_tokens if self.pair_input else 1, dtype=torch.int64, pin_memory=True
+            (profiles.max_rows, self.output_dim), dtype=torch.float32, device=self.device
         )
         self.host_out = torch.empty(
-            (max_rows_all, self.output_dim), dtype=torch.float32, pin_memory=True
+            (profiles.max_rows, self.output_dim), dtype=torch.float32, pin_memory=True
         )
 
         slots = context_slots(
-            [b.captured_batch_sizes for b in manifest.buckets], manifest.long_rows is not None
+            [p.captured_batch_sizes for p in profiles.buckets], profiles.long_rows is not None
         )
         self.profiles: list[_Profile] = []
         self.long_profile: _Profile | None = None
         for slot in slots:
             if slot.batch is None:
-                self._add_profile(slot.profile, manifest)
+                self._add_profile(slot.profile)
             else:
                 self._add_graph_context(self.profiles[slot.profile], slot.batch)
         self._capture_graphs()
-        if self.long_profile is not None:  # warmed at its largest shape: it fits, and is loaded
-            self._forward_eagerly(
-                self.long_profile.eager, self.long_profile.max_rows, manifest.max_length
-            )
+        long_rows = profiles.long_rows
+        if self.long_profile is not None and long_rows is not None:
+            # warmed at its largest shape: it fits, and TensorRT has loaded what it needs
+            self._forward_eagerly(self.long_profile.eager, *long_rows.max_shape)
         self.stream.synchronize()
 
-    def _add_profile(self, index: int, manifest: Manifest) -> None:
+    def _add_profile(self, index: int) -> None:
         eager = self._open_context(index, batch=None)
         if eager is None:
             raise RuntimeError(f"TensorRT could not create a context for profile {index}")
-        if index < len(manifest.buckets):
-            bucket = manifest.buckets[index]
-            self.profiles.append(_Profile(index, bucket.length, bucket.max_rows, eager))
+        entry = self.profile_table.profiles[index]
+        profile = _Profile(index, entry.fixed_length, entry.max_rows, eager)
+        if entry.fixed_length is None:
+            self.long_profile = profile
         else:
-            assert manifest.long_rows is not None
-            self.long_profile = _Profile(index, None, manifest.long_rows.max_rows, eager)
+            self.profiles.append(profile)
 
     def _add_graph_context(self, profile: _Profile, batch: int) -> None:
         """A context whose shape is [batch, bucket length] for good; where TensorRT refuses a
@@ -215,7 +209,7 @@ class TensorRTEngine:
         context.set_device_memory(self.activations.data_ptr(), self.activation_bytes)
         if not context.set_optimization_profile_async(index, self.stream.cuda_stream):
             return None
-        for name, buffer in self._inputs.items():
+        for name, buffer in self.inputs.items():
             context.set_tensor_address(name, buffer.data_ptr())
         context.set_tensor_address(self.output_name, self.out.data_ptr())
         return _Context(index, context, batch)
@@ -237,16 +231,21 @@ class TensorRTEngine:
     def _forward_eagerly(self, context: _Context, batch: int, length: int) -> None:
         """One forward of pad rows at [batch, length] without a graph: warm-up, the shape a
         graph context keeps, or the check that a size whose capture failed still runs."""
-        n = batch * length
         self._on_device()
         with torch.cuda.stream(self.stream):
-            self.ids[:n].fill_(self.pad_token_id)
-            self.mask[:n].fill_(1)
-            if self.pair_input:
-                self.types[:n].fill_(0)
+            self._fill_pad_rows(0, batch, length)
             self._set_shape(context, batch, length)
             self._enqueue(context)
         self.stream.synchronize()
+
+    def _fill_pad_rows(self, start_row: int, count: int, length: int) -> None:
+        """Rows ``start_row`` .. + ``count`` of a [*, length] forward become pad rows (on the
+        stream: the caller is inside it)."""
+        first, end = start_row * length, (start_row + count) * length
+        for name, (first_token, rest) in self._pad_row.items():
+            rows = self.inputs[name][first:end].view(count, length)
+            rows.fill_(rest)
+            rows[:, 0] = first_token
 
     def _capture_graphs(self) -> None:
         sizes = [(p.index, batch) for p in self.profiles for batch in p.graphs]
@@ -306,25 +305,18 @@ class TensorRTEngine:
         if use_graph and profile.fixed_length:
             batch = self.layout.run_batch_size(length, rows)
         captured = profile.graphs.get(batch) if use_graph else None
-        n_real, n_run = rows * length, batch * length
-        # stage into pinned memory; rows past the real ones carry one real (pad) token
-        if self.pair_input:  # token types ride in the ids' high bits (contract)
-            input_ids, types = split_token_types(input_ids)
-            self.host_types[:n_real].numpy()[:] = types.reshape(-1)
-        self.host_ids[:n_real].numpy()[:] = input_ids.reshape(-1)
-        self.host_mask[:n_real].numpy()[:] = attention_mask.reshape(-1)
+        n_real = rows * length
+        # stage into pinned memory, copy, and make the rows past the real ones pad rows
+        tensors = graph_inputs(input_ids, attention_mask)
+        for name in self.input_names:
+            self.host_inputs[name][:n_real].numpy()[:] = tensors[name].reshape(-1)
         self._on_device()
         with torch.cuda.stream(self.stream):
-            self.ids[:n_real].copy_(self.host_ids[:n_real], non_blocking=True)
-            self.mask[:n_real].copy_(self.host_mask[:n_real], non_blocking=True)
-            if self.pair_input:
-                self.types[:n_real].copy_(self.host_types[:n_real], non_blocking=True)
-                self.types[n_real:n_run].fill_(0)
-            if n_run > n_real:
-                self.ids[n_real:n_run].fill_(self.pad_token_id)
-                filler = self.mask[n_real:n_run].view(batch - rows, length)
-                filler.zero_()
-                filler[:, 0] = 1
+            for name in self.input_names:
+                host = self.host_inputs[name][:n_real]
+                self.inputs[name][:n_real].copy_(host, non_blocking=True)
+            if batch > rows:
+                self._fill_pad_rows(rows, batch - rows, length)
             if captured is not None and captured.graph is not None:
                 # replays the launches captured at this shape (in the fallback the shared eager
                 # context may have been re-shaped since: the form Triton's TensorRT backend uses)
@@ -338,7 +330,7 @@ class TensorRTEngine:
 
     def memory_bytes(self) -> dict[str, int]:
         """Device memory the engine holds, by what it is for (gpu_check prints it)."""
-        io = (self.ids.numel() + self.mask.numel() + self.types.numel()) * 8 + self.out.numel() * 4
+        io = sum(buffer.numel() * 8 for buffer in self.inputs.values()) + self.out.numel() * 4
         return {"activations": self.activation_bytes, "io_buffers": io}
 
     def num_contexts(self) -> int:

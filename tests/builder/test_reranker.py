@@ -43,7 +43,7 @@ def served_rows(version, texts, pairs):
     inputs = {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)}
     if pairs is not None:
         inputs["TEXT_PAIR"] = np.array([[t.encode()] for t in pairs], dtype=object)
-    limits = Limits(64, manifest.max_length, manifest.vocab_size, pairs=manifest.pair_input)
+    limits = Limits(64, manifest.max_length, manifest.vocab_size, pairs=manifest.takes_pairs)
     return decode_request(inputs, RequestOptions(True, 0), tokenizer, limits).rows
 
 
@@ -52,7 +52,8 @@ def test_a_cross_encoder_is_a_reranker_with_three_graph_inputs(reranker):
     assert detect_family(folder) == "reranker"
     manifest = load_manifest(version)
     assert (manifest.family, manifest.output_name, manifest.output_dim) == ("reranker", "SCORE", 1)
-    assert manifest.pair_input
+    assert manifest.takes_pairs
+    assert manifest.engine_profiles.input_names[-1] == "token_type_ids"
     import onnx
 
     graph = onnx.load(str(version / manifest.engine_files[0])).graph

@@ -116,6 +116,38 @@ def test_unreadable_json_is_refused(tmp_path):
         load_manifest(tmp_path)
 
 
-def test_a_long_row_profile_written_before_its_opt_batch_was_chosen_tunes_at_half():
-    data = bad(long_rows={"max_rows": 8, "opt_length": 280})
-    assert manifest_from_dict(data).long_rows == LongRows(8, 280, 4)
+def format_1(**edits):
+    """The manifest as the builder wrote it before input names and engine profiles."""
+    data = bad(**edits)
+    del data["input_names"], data["engine_profiles"], data["opt_rows_source"]
+    return {**data, "format_version": 1, "pair_input": False}
+
+
+def test_a_format_1_manifest_is_still_read():
+    read = manifest_from_dict(format_1(long_rows={"max_rows": 8, "opt_length": 280}))
+    # its long-row profile tuned at half the max rows, as it was built
+    assert read.long_rows == LongRows(8, 280, 4)
+    assert read.input_names == ("input_ids", "attention_mask") and not read.takes_pairs
+    assert read.engine_profiles.long_rows.opt_shape == (4, 280)
+    with pytest.raises(ManifestError, match="'pair_input' is true exactly for the reranker"):
+        manifest_from_dict({**format_1(), "pair_input": True})
+
+
+def test_profiles_that_are_not_what_the_buckets_derive_are_refused():
+    data = bad()
+    data["engine_profiles"]["profiles"][0]["max_shape"] = [999, 16]
+    with pytest.raises(ManifestError, match="rebuild the model with `python -m builder build`"):
+        manifest_from_dict(data)
+    with pytest.raises(ManifestError, match="this server reads 1, 2: rebuild"):
+        manifest_from_dict({**bad(), "format_version": 7})
+
+
+def test_the_engine_profiles_are_the_buckets_then_the_long_rows_in_order():
+    profiles = manifest().engine_profiles
+    *buckets, long_rows = profiles.profiles
+    assert [p.fixed_length for p in buckets] == [b.length for b in manifest().buckets]
+    assert all(p.min_shape == (1, p.fixed_length) for p in buckets)
+    assert long_rows.fixed_length is None and profiles.long_rows is long_rows
+    last, top = manifest().last_bucket, manifest().max_length
+    assert long_rows.min_shape == (1, last + 1) and long_rows.max_shape[1] == top
+    assert profiles.max_tokens == max(p.max_rows * p.max_shape[1] for p in profiles.profiles)

@@ -7,15 +7,13 @@ import json
 import shutil
 import sys
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from builder.build import default_model_dir
-from python_backend.cost_models import LinearCost
 from python_backend.faults import FaultInjectingEngine, write_fault_spec
-from testkit.fake_engine import FakeChecksumEngine, layout
+from testkit.fake_engine import FakeChecksumEngine, layout, manifest_for
 from testkit.recording_pb_utils import FakeRequest, RecordingPbUtils, text_request
 
 
@@ -33,16 +31,7 @@ def load_model(pb, monkeypatch, tmp_path, engine, parameters=None, instance_args
     version = tmp_path / "1"
     version.mkdir(exist_ok=True)
     shutil.copy(default_model_dir() / "tokenizer.json", version / "tokenizer.json")
-    manifest = SimpleNamespace(
-        output_name="EMBEDDING",
-        engine_kind="fake",
-        buckets=engine.layout.buckets,
-        tokenizer_file="tokenizer.json",
-        vocab_size=30522,
-        pad_token_id=0,
-        max_batch=8,
-        planner_cost=lambda: LinearCost(64),
-    )
+    manifest = manifest_for(engine.layout, max_batch=8)
     monkeypatch.setattr(triton_model, "load_manifest", lambda _: manifest)
     opened_on = []
 
