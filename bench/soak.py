@@ -166,7 +166,7 @@ def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
     if model_dir is None:
         sys.exit("the reference model is not installed: run `make setup`")
     rows = TextTokenizer(model_dir / "tokenizer.json", 256).encode(texts, truncate=True)
-    return dict(enumerate(run_rows_alone(load_model(model_dir).module, rows)))
+    return dict(enumerate(run_rows_alone(load_model(model_dir), rows)))
 
 
 def report(result: SoakResult, clients: int) -> str:

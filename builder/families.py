@@ -18,8 +18,10 @@ the attention mask, or the last real position), so right padding never changes a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from torch import nn
 from python_backend.contract import (
     ENGINE_INPUTS,
     FAMILIES,
-    FAMILY_OUTPUTS,
+    FAMILY_CONTRACTS,
     TOKEN_TYPE_INPUT,
     split_token_types,
 )
@@ -52,24 +54,6 @@ class LoadedModel:
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names, in output order (id2label)
     input_names: tuple[str, ...] = ENGINE_INPUTS  # the graph's inputs (pair models: three)
-
-
-def detect_family(model_dir: Path) -> str:
-    """embedding when sentence-transformers modules pool the model (decoder embedders too: their
-    config names a *ForCausalLM architecture); else classifier / decoder from the
-    architectures; embedding otherwise."""
-    model_dir = Path(model_dir)
-    if any(kind == "Pooling" for kind, _ in sentence_transformers_modules(model_dir)):
-        return "embedding"
-    config = json.loads((model_dir / "config.json").read_text())
-    architectures = config.get("architectures") or []
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        # one output: a relevance score over a pair (how cross-encoders are saved)
-        labels = config.get("id2label") or {}
-        return "reranker" if len(labels) == 1 or config.get("num_labels") == 1 else "classifier"
-    if any(a.endswith(DECODER_SUFFIXES) for a in architectures) or config.get("is_decoder"):
-        return "decoder"
-    return "embedding"
 
 
 # the sentence-transformers modules an exported graph reproduces, by their class name
@@ -336,101 +320,203 @@ def check_last_token_scorer(scorer: LastTokenScorer, model: nn.Module, vocab: in
         )
 
 
-def run_rows_alone(module: nn.Module, rows: list[np.ndarray]) -> np.ndarray:
+def run_rows_alone(model: LoadedModel, rows: list[np.ndarray]) -> np.ndarray:
     """The wrapped model on each row by itself, with no padding at all: [len(rows), out_dim].
 
-    The reference every engine and every served output is checked against. Rows of pair models
-    carry their token types in the high bits (``split_token_types``).
+    The reference every engine and every served output is checked against (each family's
+    reference run). It feeds the family's graph inputs by name; rows of pair models carry their
+    token types in the high bits (``split_token_types``).
     """
     outputs = []
     with torch.no_grad():
         for row in rows:
             ids, types = split_token_types(np.asarray(row)[None])
-            args = [torch.tensor(ids), torch.ones((1, len(row)), dtype=torch.long)]
-            if isinstance(module, PairScorer):
-                args.append(torch.tensor(types))
-            outputs.append(module(*args)[0].numpy())
+            inputs = {
+                ENGINE_INPUTS[0]: torch.tensor(ids),
+                ENGINE_INPUTS[1]: torch.ones((1, len(row)), dtype=torch.long),
+                TOKEN_TYPE_INPUT: torch.tensor(types),
+            }
+            outputs.append(model.module(*(inputs[n] for n in model.input_names))[0].numpy())
     return np.stack(outputs)
+
+
+# -- the family table ---------------------------------------------------------------------------
+# A family is one record: how it is detected, how the model is wrapped (module, output size and
+# what the manifest records), and, from the contract, its output name and graph inputs. Its
+# reference run is ``run_rows_alone`` over those inputs. Adding a family is one record and its
+# wrapper (and its line in ``contract.FAMILY_CONTRACTS``).
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """A model wrapped for its family: what differs between families after loading."""
+
+    module: nn.Module  # graph inputs [B, T] int64 each -> [B, output_dim] fp32
+    output_dim: int
+    describe: dict[str, object] = field(default_factory=dict)  # for the manifest
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    labels: tuple[str, ...] = ()
+
+
+# what a family's wrapper is given: (model dir, transformers config, --score-token-ids)
+Wrapper = Callable[[Path, Any, list[int] | None], Wrapped]
+# (model dir, config.json as a dict) -> whether the model is of this family
+Detector = Callable[[Path, dict[str, Any]], bool]
+
+LOAD_KWARGS: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch.float32}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # a key of contract.FAMILY_CONTRACTS
+    detects: Detector
+    wrap: Wrapper
+    takes_score_token_ids: bool = False
+
+    @property
+    def output_name(self) -> str:
+        return FAMILY_CONTRACTS[self.name].output_name
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return FAMILY_CONTRACTS[self.name].input_names
+
+
+def _architectures(config: dict[str, Any]) -> list[str]:
+    return list(config.get("architectures") or [])
+
+
+def _has_pooling_module(model_dir: Path, config: dict[str, Any]) -> bool:
+    """sentence-transformers pools it (decoder embedders too: their config names *ForCausalLM)."""
+    return any(kind == "Pooling" for kind, _ in sentence_transformers_modules(model_dir))
+
+
+def _is_sequence_classifier(model_dir: Path, config: dict[str, Any]) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in _architectures(config))
+
+
+def _is_single_score_classifier(model_dir: Path, config: dict[str, Any]) -> bool:
+    """One output: a relevance score over a pair (how cross-encoders are saved)."""
+    labels = config.get("id2label") or {}
+    single = len(labels) == 1 or config.get("num_labels") == 1
+    return _is_sequence_classifier(model_dir, config) and single
+
+
+def _is_causal_lm(model_dir: Path, config: dict[str, Any]) -> bool:
+    causal = any(a.endswith(DECODER_SUFFIXES) for a in _architectures(config))
+    return causal or bool(config.get("is_decoder"))
+
+
+def wrap_embedding(model_dir: Path, config: Any, score_token_ids: list[int] | None) -> Wrapped:
+    from transformers import AutoModel
+
+    pipeline = embedding_pipeline(model_dir)
+    prompts, default_prompt = sentence_transformers_prompts(model_dir)
+    module = EmbeddingHead(
+        AutoModel.from_pretrained(model_dir, **LOAD_KWARGS),
+        pipeline.pooling,
+        pipeline.normalize,
+        pipeline.after_pooling,
+    )
+    describe = {
+        "pooling": pipeline.pooling,
+        "dense_layers": len(pipeline.after_pooling),
+        "normalize": pipeline.normalize,
+    }
+    dimension = pipeline.dimension or int(config.hidden_size)
+    return Wrapped(module, dimension, describe, prompts, default_prompt)
+
+
+def wrap_classifier(model_dir: Path, config: Any, score_token_ids: list[int] | None) -> Wrapped:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, **LOAD_KWARGS)
+    return Wrapped(ClassifierHead(model), int(config.num_labels), labels=labels_of(config))
+
+
+def wrap_reranker(model_dir: Path, config: Any, score_token_ids: list[int] | None) -> Wrapped:
+    from transformers import AutoModelForSequenceClassification
+
+    if int(config.num_labels) != 1:
+        raise ValueError(
+            f"a reranker scores with one output; this model has {config.num_labels} labels "
+            "(build it as --family classifier)"
+        )
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, **LOAD_KWARGS)
+    return Wrapped(PairScorer(model), 1)
+
+
+def wrap_decoder(model_dir: Path, config: Any, score_token_ids: list[int] | None) -> Wrapped:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **LOAD_KWARGS)
+    vocab = int(config.vocab_size)
+    for t in score_token_ids or []:
+        if not 0 <= t < vocab:
+            raise ValueError(f"--score-token-ids: {t} is outside the vocabulary [0, {vocab})")
+    module = LastTokenScorer(model, score_token_ids)
+    check_last_token_scorer(module, model.eval(), vocab)
+    out_dim = len(score_token_ids) if score_token_ids else vocab
+    return Wrapped(module, out_dim, {"score_token_ids": list(score_token_ids or [])})
+
+
+# detection takes the first record whose test holds, in this order (an embedding model's pooling
+# module wins over its architecture; a single-score classifier is a reranker), and the fallback
+# when none does: a bare encoder, mean-pooled
+FAMILY_TABLE: tuple[Family, ...] = (
+    Family("embedding", _has_pooling_module, wrap_embedding),
+    Family("reranker", _is_single_score_classifier, wrap_reranker),
+    Family("classifier", _is_sequence_classifier, wrap_classifier),
+    Family("decoder", _is_causal_lm, wrap_decoder, takes_score_token_ids=True),
+)
+FALLBACK_FAMILY = "embedding"
+FAMILY_BY_NAME = {family.name: family for family in FAMILY_TABLE}
+
+
+def detect_family(model_dir: Path) -> str:
+    """The first family of ``FAMILY_TABLE`` whose test holds; ``FALLBACK_FAMILY`` otherwise."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    for family in FAMILY_TABLE:
+        if family.detects(model_dir, config):
+            return family.name
+    return FALLBACK_FAMILY
 
 
 def load_model(
     model_dir: Path, family: str = "auto", score_token_ids: list[int] | None = None
 ) -> LoadedModel:
     """Loads a local Hugging Face model directory (no network) wrapped for its family."""
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-    )
+    from transformers import AutoConfig
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"--model-dir {model_dir} has no config.json: not a Hugging Face model")
-    family = detect_family(model_dir) if family == "auto" else family
-    if family not in FAMILIES:
-        raise ValueError(f"--family must be one of {FAMILIES} or auto, got {family!r}")
-    if score_token_ids and family != "decoder":
-        raise ValueError("--score-token-ids applies to decoder models only")
+    name = detect_family(model_dir) if family == "auto" else family
+    if name not in FAMILY_BY_NAME:
+        raise ValueError(f"--family must be one of {FAMILIES} or auto, got {name!r}")
+    record = FAMILY_BY_NAME[name]
+    if score_token_ids and not record.takes_score_token_ids:
+        takers = [f.name for f in FAMILY_TABLE if f.takes_score_token_ids]
+        raise ValueError(f"--score-token-ids applies to {' and '.join(takers)} models only")
     config = AutoConfig.from_pretrained(model_dir)
-    kwargs = {"attn_implementation": "eager", "dtype": torch.float32}
-    describe: dict[str, object] = {"architecture": (config.architectures or ["?"])[0]}
-    module: nn.Module
-    prompts: dict[str, str] = {}
-    default_prompt: str | None = None
-    if family == "embedding":
-        pipeline = embedding_pipeline(model_dir)
-        prompts, default_prompt = sentence_transformers_prompts(model_dir)
-        module = EmbeddingHead(
-            AutoModel.from_pretrained(model_dir, **kwargs),
-            pipeline.pooling,
-            pipeline.normalize,
-            pipeline.after_pooling,
-        )
-        out_dim = pipeline.dimension or int(config.hidden_size)
-        describe |= {
-            "pooling": pipeline.pooling,
-            "dense_layers": len(pipeline.after_pooling),
-            "normalize": pipeline.normalize,
-        }
-    elif family == "classifier":
-        module = ClassifierHead(
-            AutoModelForSequenceClassification.from_pretrained(model_dir, **kwargs)
-        )
-        out_dim = int(config.num_labels)
-    elif family == "reranker":
-        if int(config.num_labels) != 1:
-            raise ValueError(
-                f"a reranker scores with one output; this model has {config.num_labels} labels "
-                "(build it as --family classifier)"
-            )
-        module = PairScorer(AutoModelForSequenceClassification.from_pretrained(model_dir, **kwargs))
-        out_dim = 1
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
-        vocab = int(config.vocab_size)
-        for t in score_token_ids or []:
-            if not 0 <= t < vocab:
-                raise ValueError(f"--score-token-ids: {t} is outside the vocabulary [0, {vocab})")
-        module = LastTokenScorer(model, score_token_ids)
-        check_last_token_scorer(module, model.eval(), vocab)
-        out_dim = len(score_token_ids) if score_token_ids else vocab
-        describe |= {"score_token_ids": list(score_token_ids or [])}
-    module.eval()
+    wrapped = record.wrap(model_dir, config, score_token_ids)
+    wrapped.module.eval()
     pad = getattr(config, "pad_token_id", None)
     return LoadedModel(
-        module=module,
-        family=family,
-        output_name=FAMILY_OUTPUTS[family],
-        output_dim=out_dim,
+        module=wrapped.module,
+        family=name,
+        output_name=record.output_name,
+        output_dim=wrapped.output_dim,
         max_length=model_max_length(model_dir, config),
         vocab_size=int(config.vocab_size),
         pad_token_id=int(pad) if pad is not None else 0,
-        describe=describe,
-        prompts=prompts,
-        default_prompt_name=default_prompt,
-        labels=labels_of(config) if family == "classifier" else (),
-        input_names=(*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if family == "reranker" else ENGINE_INPUTS,
+        describe={"architecture": (config.architectures or ["?"])[0], **wrapped.describe},
+        prompts=wrapped.prompts,
+        default_prompt_name=wrapped.default_prompt_name,
+        labels=wrapped.labels,
+        input_names=record.input_names,
     )
 
 

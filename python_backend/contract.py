@@ -4,6 +4,7 @@ limits, parameter defaults and error kinds. Both import this module; it imports 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -39,13 +40,31 @@ def split_token_types(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 REQUEST_INPUTS: tuple[str, ...] = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
 PAIR_INPUT = "TEXT_PAIR"  # pair models: the second text of each row, beside TEXT
 NUM_TOKENS_OUTPUT = "NUM_TOKENS"  # [rows, 1] int32: tokens each row used, after truncation
-FAMILY_OUTPUTS: dict[str, str] = {  # the one float output each model family serves
-    "embedding": "EMBEDDING",
-    "classifier": "LOGITS",
-    "decoder": "LOGITS",
-    "reranker": "SCORE",  # cross-encoders: a relevance logit per (text, text pair)
+
+
+@dataclass(frozen=True)
+class FamilyContract:
+    """What the server knows of a model family: the one float output it serves, and the graph's
+    inputs (a family with token types takes TEXT_PAIR beside TEXT). The builder's family table
+    (``builder.families.FAMILY_TABLE``) adds how each is detected, wrapped and checked."""
+
+    output_name: str
+    input_names: tuple[str, ...] = ENGINE_INPUTS
+
+    @property
+    def takes_pairs(self) -> bool:
+        return TOKEN_TYPE_INPUT in self.input_names
+
+
+FAMILY_CONTRACTS: dict[str, FamilyContract] = {
+    "embedding": FamilyContract("EMBEDDING"),
+    "classifier": FamilyContract("LOGITS"),
+    "decoder": FamilyContract("LOGITS"),
+    # cross-encoders: a relevance logit per (text, text pair)
+    "reranker": FamilyContract("SCORE", (*ENGINE_INPUTS, TOKEN_TYPE_INPUT)),
 }
-FAMILIES: tuple[str, ...] = tuple(FAMILY_OUTPUTS)
+FAMILIES: tuple[str, ...] = tuple(FAMILY_CONTRACTS)
+FAMILY_OUTPUTS: dict[str, str] = {name: f.output_name for name, f in FAMILY_CONTRACTS.items()}
 
 # -- request limits ---------------------------------------------------------------------------
 

@@ -20,7 +20,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from python_backend.contract import ENGINE_INPUTS, FAMILIES, FAMILY_OUTPUTS, TOKEN_TYPE_INPUT
+from python_backend.contract import (
+    ENGINE_INPUTS,
+    FAMILIES,
+    FAMILY_OUTPUTS,
+    TOKEN_TYPE_INPUT,
+)
 from python_backend.cost_models import (
     CostModel,
     StoredCost,

@@ -39,7 +39,7 @@ def build_onnx(repository: Path, model_dir: Path, name: str, **settings) -> Buil
 
 def reference(model_dir: Path, rows: list[np.ndarray], **kw) -> np.ndarray:
     """The torch model on each row alone, no padding at all."""
-    return run_rows_alone(load_model(model_dir, **kw).module, rows)
+    return run_rows_alone(load_model(model_dir, **kw), rows)
 
 
 def rows_for_every_bucket(version_dir: Path, seed: int = 0) -> list[tuple[int, list[np.ndarray]]]:

@@ -107,10 +107,10 @@ def reference_model():
     from builder.build import default_model_dir
     from builder.families import load_model, run_rows_alone
 
-    module = load_model(default_model_dir()).module
+    model = load_model(default_model_dir())
 
     def embed(rows: list[np.ndarray]) -> np.ndarray:
-        return run_rows_alone(module, rows)
+        return run_rows_alone(model, rows)
 
     return embed
 
