@@ -90,7 +90,7 @@ PARAMETER_DEFAULTS: dict[str, str] = {
 
 
 class ErrorKind(str, Enum):
-    """The reasons a request is answered with an error, and the status each maps to."""
+    """What kind of failure an answer reports, and the status it is sent with."""
 
     INVALID = "invalid"  # the request itself is wrong: 400 / INVALID_ARGUMENT
     QUEUE_FULL = "queue_full"  # 503 / UNAVAILABLE: retry later
@@ -103,6 +103,55 @@ class ErrorKind(str, Enum):
     def triton_code(self) -> str:
         """The name of the ``pb_utils.TritonError`` code it is sent with."""
         return _TRITON_CODES[self]
+
+
+class Reason(str, Enum):
+    """Every reason a request is refused or fails, closed: its value is the ``reason`` label of
+    ``planner_refused_total`` (so this is the label set) and it has one kind, so one status.
+    docs/RELIABILITY.md's table of refusals lists exactly these (a test compares them)."""
+
+    BAD_INPUTS = "bad_inputs"  # the wrong set of inputs: none, both TEXT and INPUT_IDS, ...
+    BAD_SHAPE = "bad_shape"  # an input's shape: rank, zero rows, too many rows, pairs unequal
+    BAD_DTYPE = "bad_dtype"  # an input's datatype
+    BAD_TEXT = "bad_text"  # text that is not UTF-8
+    EMPTY_ROW = "empty_row"  # a row with no text or no tokens
+    TOO_LONG = "too_long"  # a row over the max length with truncate off
+    BAD_TOKEN = "bad_token"  # a token id outside the vocabulary
+    BAD_MASK = "bad_mask"  # an attention mask that is not ones then zeros
+    BAD_PARAMETER = "bad_parameter"  # a request parameter: its type, value or prompt name
+    QUEUE_FULL = "queue_full"  # the model's queue holds its limit of rows
+    TIMEOUT = "timeout"  # the request's deadline passed before it ran
+    CANCELLED = "cancelled"  # the client cancelled it
+    SHUTDOWN = "shutdown"  # the model is stopping
+    FORWARD_FAILED = "forward_failed"  # a forward failed even for one row alone
+    INTERNAL = "internal"  # a bug in the server (decoding or scheduling): never the client's
+
+    @property
+    def kind(self) -> ErrorKind:
+        return _KINDS.get(self, ErrorKind.INVALID)
+
+
+_KINDS = {
+    Reason.QUEUE_FULL: ErrorKind.QUEUE_FULL,
+    Reason.TIMEOUT: ErrorKind.TIMEOUT,
+    Reason.CANCELLED: ErrorKind.CANCELLED,
+    Reason.SHUTDOWN: ErrorKind.SHUTDOWN,
+    Reason.FORWARD_FAILED: ErrorKind.FAILED,
+    Reason.INTERNAL: ErrorKind.FAILED,
+}
+
+
+class ServeError(Exception):
+    """Why a request got no outputs: the one error type of the request path, refused at decode
+    or failed later. ``str(error)`` is the message the client reads."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def kind(self) -> ErrorKind:
+        return self.reason.kind
 
 
 # how long a stopping model instance keeps answering what it queued (finalize), on top of

@@ -12,20 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, PAIR_INPUT, REQUEST_INPUTS
+from python_backend.contract import (
+    MAX_TEXT_BYTES_PER_TOKEN,
+    PAIR_INPUT,
+    REQUEST_INPUTS,
+    Reason,
+    ServeError,
+)
 from python_backend.tokenization import TextTokenizer
 
 # a token covers at least one character, and real text averages 4-5 per token: a row of more
 # than MAX_TEXT_BYTES_PER_TOKEN bytes per allowed token cannot be meant for this model, and
 # tokenizing it would stall every other request
-
-
-class RequestError(ValueError):
-    """A request the server refuses: ``reason`` is a short label for metrics."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -56,10 +54,10 @@ class Prompts:
             return self.by_name[self.default_name] if self.default_name else ""
         if name not in self.by_name:
             known = ", ".join(sorted(self.by_name)) or "none"
-            raise RequestError(
+            raise ServeError(
+                Reason.BAD_PARAMETER,
                 f"parameter prompt_name {name!r} is not a prompt of this model (its prompts: "
                 f"{known})",
-                "bad_parameter",
             )
         return self.by_name[name]
 
@@ -75,35 +73,42 @@ def parse_options(
 ) -> RequestOptions:
     truncate = parameters.get("truncate", truncate_default)
     if not isinstance(truncate, bool):
-        raise RequestError(
-            f"parameter truncate must be a bool (true or false), got {truncate!r}", "bad_parameter"
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter truncate must be a bool (true or false), got {truncate!r}",
         )
     timeout = parameters.get("timeout_ms", timeout_default)
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise RequestError(
-            f"parameter timeout_ms must be a non-negative integer, got {timeout!r}", "bad_parameter"
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter timeout_ms must be a non-negative integer, got {timeout!r}",
         )
     prompt_name = parameters.get("prompt_name")
     if prompt_name is not None and not isinstance(prompt_name, str):
-        raise RequestError(
-            f"parameter prompt_name must be a string, got {prompt_name!r}", "bad_parameter"
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter prompt_name must be a string, got {prompt_name!r}",
         )
     return RequestOptions(truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name)
 
 
 def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
     if array.ndim != 2:
-        raise RequestError(
+        raise ServeError(
+            Reason.BAD_SHAPE,
             f"input {name} must have shape [rows, {'1' if name == 'TEXT' else 'tokens'}], "
             f"got rank {array.ndim} shape {list(array.shape)}",
-            "bad_shape",
         )
     rows = array.shape[0]
     if rows == 0:
-        raise RequestError(f"input {name} has zero rows", "bad_shape")
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input {name} has zero rows",
+        )
     if rows > limits.max_rows:
-        raise RequestError(
-            f"input {name} has {rows} rows; the limit is {limits.max_rows} per request", "bad_shape"
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input {name} has {rows} rows; the limit is {limits.max_rows} per request",
         )
     return rows
 
@@ -112,11 +117,15 @@ def _text_rows(name: str, text: np.ndarray, limits: Limits, options: RequestOpti
     """The UTF-8 rows of a [rows, 1] BYTES input, each checked; over-long rows cut (truncate)
     or refused."""
     if text.dtype != np.object_ and text.dtype.kind not in ("S", "U"):
-        raise RequestError(f"input {name} must be BYTES (strings), got {text.dtype}", "bad_dtype")
+        raise ServeError(
+            Reason.BAD_DTYPE,
+            f"input {name} must be BYTES (strings), got {text.dtype}",
+        )
     _rows_in(name, text, limits)
     if text.shape[1] != 1:
-        raise RequestError(
-            f"input {name} must have shape [rows, 1], got {list(text.shape)}", "bad_shape"
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input {name} must have shape [rows, 1], got {list(text.shape)}",
         )
     max_bytes = limits.max_length * MAX_TEXT_BYTES_PER_TOKEN
     texts = []
@@ -125,17 +134,21 @@ def _text_rows(name: str, text: np.ndarray, limits: Limits, options: RequestOpti
         try:
             decoded = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise RequestError(
-                f"{name} row {r} is not valid UTF-8 (byte {err.start})", "bad_text"
+            raise ServeError(
+                Reason.BAD_TEXT,
+                f"{name} row {r} is not valid UTF-8 (byte {err.start})",
             ) from None
         if not decoded.strip():
-            raise RequestError(f"{name} row {r} is empty", "empty_row")
+            raise ServeError(
+                Reason.EMPTY_ROW,
+                f"{name} row {r} is empty",
+            )
         if len(raw) > max_bytes:
             if not options.truncate:
-                raise RequestError(
+                raise ServeError(
+                    Reason.TOO_LONG,
                     f"{name} row {r} is {len(raw)} bytes, far over the {limits.max_length}-token "
                     f"limit (truncate is off)",
-                    "too_long",
                 )
             decoded = decoded[:max_bytes]  # the tail would be truncated away anyway
         texts.append(decoded)
@@ -154,10 +167,10 @@ def decode_text(
     texts = [prefix + t for t in _text_rows("TEXT", text, limits, options)]
     if pair is not None:
         if pair.shape != text.shape:
-            raise RequestError(
+            raise ServeError(
+                Reason.BAD_SHAPE,
                 f"input TEXT_PAIR must have TEXT's shape {list(text.shape)}, got "
                 f"{list(pair.shape)}",
-                "bad_shape",
             )
         rows = tokenizer.encode_pairs(
             texts, _text_rows("TEXT_PAIR", pair, limits, options), options.truncate
@@ -166,12 +179,15 @@ def decode_text(
         rows = tokenizer.encode(texts, truncate=options.truncate)
     for r, ids in enumerate(rows):
         if len(ids) == 0:
-            raise RequestError(f"TEXT row {r} has no tokens", "empty_row")
+            raise ServeError(
+                Reason.EMPTY_ROW,
+                f"TEXT row {r} has no tokens",
+            )
         if len(ids) > limits.max_length:
-            raise RequestError(
+            raise ServeError(
+                Reason.TOO_LONG,
                 f"TEXT row {r} is {len(ids)} tokens; the limit is {limits.max_length} "
                 "(send truncate=true to cut it)",
-                "too_long",
             )
     return rows
 
@@ -180,51 +196,64 @@ def decode_ids(
     ids: np.ndarray, mask: np.ndarray | None, limits: Limits, options: RequestOptions
 ) -> list[np.ndarray]:
     if ids.dtype != np.int64:
-        raise RequestError(f"input INPUT_IDS must be INT64, got {ids.dtype}", "bad_dtype")
+        raise ServeError(
+            Reason.BAD_DTYPE,
+            f"input INPUT_IDS must be INT64, got {ids.dtype}",
+        )
     num_rows = _rows_in("INPUT_IDS", ids, limits)
     if ids.shape[1] == 0:
-        raise RequestError("input INPUT_IDS has empty rows (zero tokens)", "empty_row")
+        raise ServeError(
+            Reason.EMPTY_ROW,
+            "input INPUT_IDS has empty rows (zero tokens)",
+        )
     if ids.size and (ids.min() < 0 or ids.max() >= limits.vocab_size):
         bad = np.argwhere((ids < 0) | (ids >= limits.vocab_size))[0]
-        raise RequestError(
+        raise ServeError(
+            Reason.BAD_TOKEN,
             f"INPUT_IDS row {bad[0]} token {bad[1]} is {ids[bad[0], bad[1]]}; ids must lie in "
             f"[0, {limits.vocab_size})",
-            "bad_token",
         )
     if mask is None:
         lengths = np.full(num_rows, ids.shape[1])
     else:
         if mask.dtype != np.int64:
-            raise RequestError(f"input ATTENTION_MASK must be INT64, got {mask.dtype}", "bad_dtype")
+            raise ServeError(
+                Reason.BAD_DTYPE,
+                f"input ATTENTION_MASK must be INT64, got {mask.dtype}",
+            )
         if mask.shape != ids.shape:
-            raise RequestError(
+            raise ServeError(
+                Reason.BAD_SHAPE,
                 f"input ATTENTION_MASK has shape {list(mask.shape)}; it must match INPUT_IDS "
                 f"{list(ids.shape)}",
-                "bad_shape",
             )
         if not np.isin(mask, (0, 1)).all():
-            raise RequestError("input ATTENTION_MASK may hold only 0 and 1", "bad_mask")
+            raise ServeError(
+                Reason.BAD_MASK,
+                "input ATTENTION_MASK may hold only 0 and 1",
+            )
         lengths = mask.sum(axis=1)
         empty = np.flatnonzero(lengths == 0)
         if empty.size:
-            raise RequestError(
-                f"ATTENTION_MASK row {empty[0]} is all zeros: the row has no tokens", "empty_row"
+            raise ServeError(
+                Reason.EMPTY_ROW,
+                f"ATTENTION_MASK row {empty[0]} is all zeros: the row has no tokens",
             )
         # right padding: ones then zeros, so each row's real tokens are a prefix
         prefix = np.arange(ids.shape[1])[None, :] < lengths[:, None]
         ragged = np.flatnonzero((mask == 1) != prefix)
         if ragged.size:
-            raise RequestError(
+            raise ServeError(
+                Reason.BAD_MASK,
                 f"ATTENTION_MASK row {ragged[0] // ids.shape[1]} is not right-padded (ones, then zeros)",
-                "bad_mask",
             )
     too_long = np.flatnonzero(lengths > limits.max_length)
     if too_long.size and not options.truncate:
         r = int(too_long[0])
-        raise RequestError(
+        raise ServeError(
+            Reason.TOO_LONG,
             f"INPUT_IDS row {r} is {int(lengths[r])} tokens; the limit is {limits.max_length} "
             "(send truncate=true to cut it)",
-            "too_long",
         )
     # copies: Triton's input buffers are not ours once execute returns
     return [ids[r, : min(int(lengths[r]), limits.max_length)].copy() for r in range(num_rows)]
@@ -237,32 +266,43 @@ def decode_request(
     limits: Limits,
     prompts: Prompts | None = None,
 ) -> DecodedRequest:
-    """Validated token rows of one request; raises RequestError naming what is wrong."""
+    """Validated token rows of one request; raises ServeError naming what is wrong."""
     text, ids, mask = (inputs.get(name) for name in REQUEST_INPUTS)
     pair = inputs.get(PAIR_INPUT)
     if limits.pairs and (text is None or pair is None):
-        raise RequestError(
-            "this model scores pairs: send TEXT and TEXT_PAIR (one pair per row)", "bad_inputs"
+        raise ServeError(
+            Reason.BAD_INPUTS,
+            "this model scores pairs: send TEXT and TEXT_PAIR (one pair per row)",
         )
     if pair is not None and not limits.pairs:
-        raise RequestError(
-            "TEXT_PAIR is for pair models (rerankers); this model takes TEXT", "bad_inputs"
+        raise ServeError(
+            Reason.BAD_INPUTS,
+            "TEXT_PAIR is for pair models (rerankers); this model takes TEXT",
         )
     if text is not None and ids is not None:
-        raise RequestError("send exactly one of TEXT or INPUT_IDS, not both", "bad_inputs")
+        raise ServeError(
+            Reason.BAD_INPUTS,
+            "send exactly one of TEXT or INPUT_IDS, not both",
+        )
     if text is None and ids is None:
-        raise RequestError("missing input: send TEXT or INPUT_IDS", "bad_inputs")
+        raise ServeError(
+            Reason.BAD_INPUTS,
+            "missing input: send TEXT or INPUT_IDS",
+        )
     if text is not None:
         if mask is not None:
-            raise RequestError("ATTENTION_MASK goes with INPUT_IDS, not TEXT", "bad_inputs")
+            raise ServeError(
+                Reason.BAD_INPUTS,
+                "ATTENTION_MASK goes with INPUT_IDS, not TEXT",
+            )
         rows = decode_text(text, tokenizer, limits, options, prompts, pair)
     else:
         assert ids is not None
         if options.prompt_name is not None:
-            raise RequestError(
+            raise ServeError(
+                Reason.BAD_PARAMETER,
                 "parameter prompt_name applies to TEXT input; INPUT_IDS are taken as already "
                 "prompted",
-                "bad_parameter",
             )
         rows = decode_ids(ids, mask, limits, options)
     return DecodedRequest(rows=rows, options=options)

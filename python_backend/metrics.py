@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from python_backend.contract import INSTANCE_LABEL, QUEUE_DEPTH_METRIC
+from python_backend.contract import INSTANCE_LABEL, QUEUE_DEPTH_METRIC, Reason
 from python_backend.scheduler import SchedulerMetrics
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -144,9 +144,9 @@ class TritonMetrics(SchedulerMetrics):
             self._counts[("cost", "planned")] += planned_cost
             self._counts[("cost", "per_bucket")] += per_bucket_cost
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: Reason) -> None:
         with self._lock:
-            self._counts[("refused", reason)] += 1
+            self._counts[("refused", reason.value)] += 1
 
     def split(self, padded_length: int, rows: int) -> None:
         with self._lock:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from python_backend.contract import ErrorKind
+from python_backend.contract import Reason, ServeError
 from python_backend.cost_models import CostModel
 from python_backend.engines.base import BucketLayout, Engine, run_rows
 from python_backend.planner import (
@@ -52,14 +52,6 @@ from python_backend.planner import (
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
 _CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
-
-
-class ServeError(Exception):
-    """Why a request got no outputs."""
-
-    def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -191,7 +183,7 @@ class SchedulerMetrics:
 
     def plan(self, planned_cost: float, per_bucket_cost: float) -> None: ...
 
-    def refused(self, reason: str) -> None: ...
+    def refused(self, reason: Reason) -> None: ...
 
     def split(self, padded_length: int, rows: int) -> None: ...
 
@@ -262,11 +254,11 @@ class Scheduler:
         with self._cond:
             if not self._accepting:
                 error = ServeError(
-                    ErrorKind.SHUTDOWN, "the server is shutting down; retry on another instance"
+                    Reason.SHUTDOWN, "the server is shutting down; retry on another instance"
                 )
             elif self._queued_rows + num_rows > self.max_queue_rows:
                 error = ServeError(
-                    ErrorKind.QUEUE_FULL,
+                    Reason.QUEUE_FULL,
                     f"queue full: {self._queued_rows} rows queued, the limit is "
                     f"{self.max_queue_rows}; retry later",
                 )
@@ -276,7 +268,6 @@ class Scheduler:
                 self.metrics.queue_depth(self._queued_rows)
                 self._cond.notify()
                 return
-        self.metrics.refused(error.kind.value)
         self._finish(Admitted(request, -1, self.clock()), error)
 
     @property
@@ -316,7 +307,7 @@ class Scheduler:
         except Exception as err:  # never lose a request, never kill the thread
             for owner in collection:
                 self._finish(
-                    owner, ServeError(ErrorKind.FAILED, f"internal scheduler error: {err!r}")
+                    owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
                 )
             return []
 
@@ -404,7 +395,7 @@ class Scheduler:
         for owner in self.take():
             self._finish(
                 owner,
-                ServeError(ErrorKind.SHUTDOWN, "the server shut down before this request ran"),
+                ServeError(Reason.SHUTDOWN, "the server shut down before this request ran"),
             )
         with self._outbox_lock:  # from here on, answers are sent by whoever decides them
             outbox, self._outbox = self._outbox, None
@@ -459,9 +450,12 @@ class Scheduler:
     # -- answering --------------------------------------------------------------------------------
 
     def _finish(self, owner: Admitted, outcome: Outcome) -> None:
-        """Answers a request once: through the responder thread while it runs, else here."""
+        """Answers a request once: through the responder thread while it runs, else here. Every
+        refusal is counted here, once, by its reason."""
         if not owner.claim():
             return
+        if isinstance(outcome, ServeError):
+            self.metrics.refused(outcome.reason)
         with self._outbox_lock:
             if self._outbox is not None:
                 self._outbox.put((owner, outcome))
@@ -483,14 +477,12 @@ class Scheduler:
             return False
         deadline = owner.request.deadline
         if deadline is not None and self.clock() > deadline:
-            self.metrics.refused(ErrorKind.TIMEOUT.value)
             self._finish(
-                owner, ServeError(ErrorKind.TIMEOUT, "deadline exceeded before the request ran")
+                owner, ServeError(Reason.TIMEOUT, "deadline exceeded before the request ran")
             )
             return False
         if owner.request.is_cancelled():
-            self.metrics.refused(ErrorKind.CANCELLED.value)
-            self._finish(owner, ServeError(ErrorKind.CANCELLED, "the client cancelled the request"))
+            self._finish(owner, ServeError(Reason.CANCELLED, "the client cancelled the request"))
             return False
         return True
 
@@ -537,11 +529,10 @@ class Scheduler:
     def _split_and_retry(self, forward: Forward, err: Exception) -> None:
         if len(forward.rows) == 1:
             row = forward.rows[0]
-            self.metrics.refused("forward_failed")
             self._finish(
                 row.owner,
                 ServeError(
-                    ErrorKind.FAILED,
+                    Reason.FORWARD_FAILED,
                     f"row {row.index} ({row.num_tokens} tokens) failed even alone: "
                     f"{type(err).__name__}: {err}",
                 ),

@@ -21,10 +21,11 @@ from python_backend.contract import (
     PAIR_INPUT,
     REQUEST_INPUTS,
     SHUTDOWN_DRAIN_S,
-    ErrorKind,
+    Reason,
+    ServeError,
 )
 from python_backend.cost_models import LinearCost
-from python_backend.decoding import Limits, Prompts, RequestError, decode_request, parse_options
+from python_backend.decoding import Limits, Prompts, decode_request, parse_options
 from python_backend.engines import open_engine
 from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import load_manifest
@@ -105,26 +106,32 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 pending = self._decode(request, sender)
-            except RequestError as err:
-                self.metrics.refused(err.reason)
-                _send_final(sender, _error_response(str(err), ErrorKind.INVALID.triton_code))
+            except ServeError as err:
+                self._refuse(sender, err)
                 continue
             except Exception as err:  # a bug must cost one request, never the batch of them
-                _send_final(
-                    sender,
-                    _error_response(
-                        f"could not decode the request: {err!r}", ErrorKind.FAILED.triton_code
-                    ),
+                # the client reads no exception text (it may hold the server's internals)
+                pb_utils.Logger.log_error(f"{self.instance_name}: decoding failed: {err!r}")
+                self._refuse(
+                    sender, ServeError(Reason.INTERNAL, "the server could not decode this request")
                 )
                 continue
             self.scheduler.submit(pending)
         return None
 
+    def _refuse(self, sender: Any, error: ServeError) -> None:
+        """Answers a request refused before it reached the queue."""
+        self.metrics.refused(error.reason)
+        _send_final(sender, _error_response(str(error), error.kind.triton_code))
+
     def _decode(self, request: Any, sender: Any) -> Request:
         try:
             parameters = json.loads(request.parameters() or "{}")
         except json.JSONDecodeError:
-            raise RequestError("request parameters are not valid JSON", "bad_parameter") from None
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                "request parameters are not valid JSON",
+            ) from None
         options = parse_options(
             parameters, self.settings.truncate_default, self.settings.default_timeout_ms
         )

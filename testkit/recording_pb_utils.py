@@ -18,6 +18,7 @@ class RecordingPbUtils:
         self.calls: list[tuple] = []
         self.warnings: list[str] = []
         self.infos: list[str] = []
+        self.errors: list[str] = []
         recorder = self
 
         class Metric:
@@ -55,6 +56,10 @@ class RecordingPbUtils:
             @staticmethod
             def log_info(message: str) -> None:
                 recorder.infos.append(message)
+
+            @staticmethod
+            def log_error(message: str) -> None:
+                recorder.errors.append(message)
 
         self.MetricFamily = MetricFamily
         self.Logger = Logger

@@ -9,8 +9,8 @@ import pytest
 from builder.families import detect_family
 from builder.tiny_models import save_tiny_model
 from builder.triton_config import read_config
-from python_backend.contract import TOKEN_TYPE_INPUT, split_token_types
-from python_backend.decoding import Limits, RequestError, RequestOptions, decode_request
+from python_backend.contract import TOKEN_TYPE_INPUT, ServeError, split_token_types
+from python_backend.decoding import Limits, RequestOptions, decode_request
 from python_backend.engines import open_engine
 from python_backend.engines.base import run_rows
 from python_backend.manifest import load_manifest
@@ -91,9 +91,9 @@ def test_scores_equal_transformers_on_each_pair_alone(reranker):
 
 def test_pairs_are_required_by_pair_models_and_refused_by_others(reranker, tmp_path, minilm_dir):
     _, version = reranker
-    with pytest.raises(RequestError, match="send TEXT and TEXT_PAIR"):
+    with pytest.raises(ServeError, match="send TEXT and TEXT_PAIR"):
         served_rows(version, ["only a query"], None)
-    with pytest.raises(RequestError, match="TEXT_PAIR must have TEXT's shape"):
+    with pytest.raises(ServeError, match="TEXT_PAIR must have TEXT's shape"):
         manifest = load_manifest(version)
         tokenizer = TextTokenizer(version / manifest.tokenizer_file, manifest.max_length)
         decode_request(
@@ -105,7 +105,7 @@ def test_pairs_are_required_by_pair_models_and_refused_by_others(reranker, tmp_p
             tokenizer,
             Limits(64, manifest.max_length, manifest.vocab_size, pairs=True),
         )
-    with pytest.raises(RequestError, match="TEXT_PAIR is for pair models"):
+    with pytest.raises(ServeError, match="TEXT_PAIR is for pair models"):
         manifest = load_manifest(version)
         tokenizer = TextTokenizer(version / manifest.tokenizer_file, manifest.max_length)
         decode_request(

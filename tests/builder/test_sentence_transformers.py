@@ -114,9 +114,9 @@ def test_a_prompt_changes_the_vector_and_an_unknown_one_is_refused(tmp_path, min
     version = build_onnx(tmp_path / "repo", folder, "st", buckets=(32, 64)).version_dir
     plain, query = served(version, TEXTS, None), served(version, TEXTS, "query")
     assert np.abs(plain - query).max() > 1e-3
-    from python_backend.decoding import RequestError
+    from python_backend.contract import ServeError
 
-    with pytest.raises(RequestError, match="'summary' is not a prompt of this model"):
+    with pytest.raises(ServeError, match="'summary' is not a prompt of this model"):
         served(version, TEXTS, "summary")
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from python_backend.contract import ServeError
 from python_backend.decoding import (
     Limits,
     Prompts,
-    RequestError,
     RequestOptions,
     decode_request,
     parse_options,
@@ -93,7 +93,7 @@ def test_masked_ids_keep_only_real_tokens(tokenizer):
     ],
 )
 def test_bad_input_is_refused_with_a_message_naming_it(tokenizer, inputs, options, message):
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(ServeError) as err:
         decode_request(inputs, options, tokenizer, LIMITS)
     assert message in str(err.value)
 
@@ -119,7 +119,7 @@ def test_overlong_ids_are_truncated_when_asked():
     ],
 )
 def test_parameters_of_the_wrong_type_are_named(parameters, message):
-    with pytest.raises(RequestError, match=message):
+    with pytest.raises(ServeError, match=message):
         parse_options(parameters, truncate_default=True, timeout_default=0)
 
 
@@ -146,15 +146,15 @@ def test_a_named_prompt_is_prepended_and_the_default_applies_otherwise(tokenizer
 
 
 def test_prompt_names_are_checked(tokenizer):
-    with pytest.raises(RequestError, match="'summary' is not a prompt of this model"):
+    with pytest.raises(ServeError, match="'summary' is not a prompt of this model"):
         options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="summary")
         decode_request({"TEXT": text(b"hi")}, options, tokenizer, LIMITS, PROMPTS)
-    with pytest.raises(RequestError, match="its prompts: none"):
+    with pytest.raises(ServeError, match="its prompts: none"):
         options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="query")
         decode_request({"TEXT": text(b"hi")}, options, tokenizer, LIMITS)
-    with pytest.raises(RequestError, match="already prompted"):
+    with pytest.raises(ServeError, match="already prompted"):
         options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="query")
         decode_request({"INPUT_IDS": ids([[101, 102]])}, options, tokenizer, LIMITS, PROMPTS)
-    with pytest.raises(RequestError, match="prompt_name must be a string"):
+    with pytest.raises(ServeError, match="prompt_name must be a string"):
         parse_options({"prompt_name": 3}, True, 0)
     assert parse_options({"prompt_name": "query"}, True, 0).prompt_name == "query"

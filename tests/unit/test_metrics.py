@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from python_backend.contract import Reason
 from python_backend.metrics import TritonMetrics
 from testkit.recording_pb_utils import RecordingPbUtils
 
@@ -14,8 +15,8 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
     metrics.forward(16, 2, 20, 0.02)
     metrics.forward(64, 1, 50, 0.03)
     metrics.plan(100.0, 120.0)
-    metrics.refused("queue_full")
-    metrics.refused("queue_full")
+    metrics.refused(Reason.QUEUE_FULL)
+    metrics.refused(Reason.QUEUE_FULL)
     metrics.queue_depth(0)
     assert pb.calls == [], "nothing crosses to the server before a flush"
     metrics.flush()
@@ -65,7 +66,7 @@ def test_a_metric_that_fails_is_logged_once_and_never_raises():
     metrics = TritonMetrics(pb, "m")
     metrics.forward(16, 1, 5, 0.01)
     metrics.flush()
-    metrics.refused("timeout")
+    metrics.refused(Reason.TIMEOUT)
     metrics.flush()
     assert len(pb.warnings) == 1 and "metrics disabled" in pb.warnings[0]
 
@@ -88,3 +89,21 @@ def test_instances_of_one_model_publish_separate_series_that_add_up():
     assert depths == {"m_0_0": 7, "m_0_1": 5}
     rows = [value for op, name, labels, value in pb.calls if name == "planner_rows_total"]
     assert sorted(rows) == [2, 4]
+
+
+def test_the_refusal_table_of_the_docs_is_the_reason_enum_with_its_statuses():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "RELIABILITY.md").read_text()
+    section = text.split("## Refusals and failures, by reason", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+?) \|", section, re.M))
+    assert set(rows) == {reason.value for reason in Reason}
+    status = {
+        "INVALID_ARG": "400 / INVALID_ARGUMENT",
+        "UNAVAILABLE": "503 / UNAVAILABLE",
+        "CANCELLED": "400 / CANCELLED",
+        "INTERNAL": "500 / INTERNAL",
+    }
+    for reason in Reason:
+        assert rows[reason.value] == status[reason.kind.triton_code], reason

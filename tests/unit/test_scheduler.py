@@ -5,10 +5,10 @@ import threading
 import numpy as np
 import pytest
 
-from python_backend.contract import ErrorKind
+from python_backend.contract import ErrorKind, ServeError
 from python_backend.cost_models import LinearCost
 from python_backend.planner import PLANNERS
-from python_backend.scheduler import Answer, Policy, PolicyPlan, Request, Scheduler, ServeError
+from python_backend.scheduler import Answer, Policy, PolicyPlan, Request, Scheduler
 from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 

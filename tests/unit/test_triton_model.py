@@ -182,3 +182,32 @@ def test_an_instance_opens_its_engine_on_the_gpu_triton_names_and_labels_its_met
         assert labels and all(lab["model_instance"] == "m_0_3" for lab in labels)
     finally:
         model.finalize()
+
+
+def test_a_bug_in_decoding_costs_one_request_and_tells_the_client_no_internals(
+    pb, monkeypatch, tmp_path
+):
+    import python_backend.triton_model as triton_model
+
+    model = load_model(pb, monkeypatch, tmp_path, ClosingEngine(layout(max_length=64)))
+    real_decode = triton_model.decode_request
+
+    def decode(inputs, *args, **kw):
+        if inputs["TEXT"][0, 0] == b"boom":
+            raise KeyError("/secret/path/in/the/server")
+        return real_decode(inputs, *args, **kw)
+
+    monkeypatch.setattr(triton_model, "decode_request", decode)
+    broken, good = text_request("boom"), text_request("fine")
+    try:
+        model.execute([broken, good])
+        ((response, _),) = broken.sent
+        assert response.error.code == "INTERNAL"
+        assert "secret" not in response.error.message and "decode" in response.error.message
+        assert any("/secret/path" in line for line in pb.errors), "the log says why"
+        assert good.answered.wait(5) and good.sent[0][0].error is None
+        model.metrics.flush()
+        refused = [c for c in pb.calls if c[1] == "planner_refused_total"]
+        assert [dict(c[2])["reason"] for c in refused] == ["internal"]
+    finally:
+        model.finalize()
