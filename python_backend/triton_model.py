@@ -1,6 +1,7 @@
 """The Triton Python-backend model: thin glue between Triton and the scheduler.
 
-``initialize`` reads the config and the manifest and starts the scheduler; ``execute`` decodes
+``initialize`` parses what Triton passes (``parse_args``), loads the manifest and the engine,
+builds everything else from them with the pure ``wire`` and starts the scheduler; ``execute`` decodes
 each request, answers bad ones at once and queues the rest, then returns None (the scheduler
 thread answers through each request's response sender, exactly once, with the FINAL flag; the
 model is not decoupled, so plain HTTP /infer and unary gRPC work); ``finalize`` drains the queue.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,14 +26,15 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
-from python_backend.cost_models import LinearCost
+from python_backend.cost_models import CostModel, LinearCost
 from python_backend.decoding import Limits, Prompts, decode_request, parse_options
 from python_backend.engines import open_engine
+from python_backend.engines.base import Engine
 from python_backend.faults import FaultInjectingEngine, load_fault_spec
-from python_backend.manifest import load_manifest
+from python_backend.manifest import Manifest, load_manifest
 from python_backend.metrics import TritonMetrics
 from python_backend.scheduler import Answer, Outcome, Request, Scheduler
-from python_backend.settings import settings_from_parameters
+from python_backend.settings import Settings, settings_from_parameters
 from python_backend.tokenization import TextTokenizer
 
 
@@ -45,55 +48,94 @@ def _send_final(sender: Any, response: Any) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+@dataclass(frozen=True)
+class InstanceArgs:
+    """What Triton tells a model instance at ``initialize``, parsed once."""
+
+    model_name: str
+    instance_name: str  # one instance per GPU (KIND_GPU): each has its own metrics labels
+    version_dir: Path
+    device_id: int  # the GPU Triton gives the instance (0 on CPU)
+    max_rows_per_request: int  # the config's max_batch_size
+    parameters: dict[str, Any]  # the config's parameters block
+
+
+def parse_args(args: dict[str, str]) -> InstanceArgs:
+    config = json.loads(args["model_config"])
+    return InstanceArgs(
+        model_name=config["name"],
+        instance_name=args.get("model_instance_name") or config["name"],
+        version_dir=Path(args["model_repository"]) / args["model_version"],
+        device_id=int(args.get("model_instance_device_id") or 0),
+        max_rows_per_request=int(config["max_batch_size"]),
+        parameters=config.get("parameters", {}),
+    )
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What one instance serves with, built from its manifest and engine by ``wire``."""
+
+    settings: Settings
+    cost: CostModel  # the planner's: the manifest's, unless a setting overrides it
+    tokenizer: TextTokenizer
+    limits: Limits
+    prompts: Prompts
+    scheduler: Scheduler  # not started
+
+
+def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: Any) -> Wiring:
+    """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
+    reading the tokenizer, so tests call it with a real manifest and a fake engine."""
+    settings = settings_from_parameters(instance.parameters, instance.model_name)
+    cost = (
+        LinearCost(settings.overhead_tokens)
+        if settings.overhead_tokens is not None
+        else manifest.planner_cost()
+    )
+    longest = engine.layout.longest_row
+    scheduler = Scheduler(
+        engine,
+        pad_token_id=manifest.pad_token_id,
+        cost=cost,
+        max_batch=settings.max_batch or manifest.max_batch,
+        max_queue_rows=settings.max_queue_rows,
+        policy=settings.planner,
+        metrics=metrics,
+    )
+    return Wiring(
+        settings=settings,
+        cost=cost,
+        tokenizer=TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest),
+        limits=Limits(
+            instance.max_rows_per_request, longest, manifest.vocab_size, manifest.takes_pairs
+        ),
+        prompts=Prompts(manifest.prompts, manifest.default_prompt_name),
+        scheduler=scheduler,
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        config = json.loads(args["model_config"])
-        self.model_name = config["name"]
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.settings = settings_from_parameters(config.get("parameters", {}), self.model_name)
-        # one instance per GPU (KIND_GPU): each has its own engine, queue and metrics labels
-        self.instance_name = args.get("model_instance_name") or self.model_name
-        device_id = int(args.get("model_instance_device_id") or 0)
-        manifest = load_manifest(version_dir)
-        engine = self.open_engine(manifest, version_dir, device_id)
-        fault_spec = load_fault_spec(version_dir)  # test repositories only
+        instance = parse_args(args)
+        self.model_name, self.instance_name = instance.model_name, instance.instance_name
+        manifest = load_manifest(instance.version_dir)
+        engine = self.open_engine(manifest, instance.version_dir, instance.device_id)
+        fault_spec = load_fault_spec(instance.version_dir)  # test repositories only
         if fault_spec:
             engine = FaultInjectingEngine(engine, fault_spec)
         self.engine = engine
         self.output_name = manifest.output_name
-        cost = (
-            LinearCost(self.settings.overhead_tokens)
-            if self.settings.overhead_tokens is not None
-            else manifest.planner_cost()
-        )
-        longest = engine.layout.longest_row
-        self.tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
-        self.limits = Limits(
-            int(config["max_batch_size"]),
-            longest,
-            manifest.vocab_size,
-            pairs=manifest.takes_pairs,
-        )
-        self.prompts = Prompts(
-            manifest.prompts,
-            manifest.default_prompt_name,
-        )
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
-        self.scheduler = Scheduler(
-            engine,
-            pad_token_id=manifest.pad_token_id,
-            cost=cost,
-            max_batch=self.settings.max_batch or manifest.max_batch,
-            max_queue_rows=self.settings.max_queue_rows,
-            policy=self.settings.planner,
-            metrics=self.metrics,
-        )
+        wiring = wire(instance, manifest, engine, self.metrics)
+        self.settings, self.tokenizer = wiring.settings, wiring.tokenizer
+        self.limits, self.prompts, self.scheduler = wiring.limits, wiring.prompts, wiring.scheduler
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: {manifest.engine_kind} engine"
-            + (f" on GPU {device_id}" if manifest.engine_kind == "tensorrt" else "")
-            + ", buckets "
-            f"{[b.length for b in manifest.buckets]}, planner {self.settings.planner}, cost {cost}"
+            + (f" on GPU {instance.device_id}" if manifest.engine_kind == "tensorrt" else "")
+            + f", buckets {[b.length for b in manifest.buckets]}, planner "
+            f"{self.settings.planner}, cost {wiring.cost}"
         )
 
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:

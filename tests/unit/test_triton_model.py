@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from builder.build import default_model_dir
+from python_backend.cost_models import LinearCost
 from python_backend.faults import FaultInjectingEngine, write_fault_spec
 from testkit.fake_engine import FakeChecksumEngine, layout, manifest_for
 from testkit.recording_pb_utils import FakeRequest, RecordingPbUtils, text_request
@@ -211,3 +212,25 @@ def test_a_bug_in_decoding_costs_one_request_and_tells_the_client_no_internals(
         assert [dict(c[2])["reason"] for c in refused] == ["internal"]
     finally:
         model.finalize()
+
+
+def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp_path):
+    from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+    from python_backend.triton_model import InstanceArgs, wire
+
+    shutil.copy(default_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+    engine = FakeChecksumEngine(layout(max_length=64))
+    instance = InstanceArgs("m", "m_0_0", tmp_path, 0, 64, {})
+    plain = wire(instance, manifest_for(engine.layout, max_batch=8), engine, None)
+    assert plain.cost == LinearCost(64) and plain.scheduler.layout.max_batch == 8
+    assert plain.limits.max_length == 64 and not plain.limits.pairs
+    pairs = manifest_for(
+        engine.layout, family="reranker", input_names=(*ENGINE_INPUTS, TOKEN_TYPE_INPUT)
+    )
+    overridden = InstanceArgs(
+        "m", "m_0_0", tmp_path, 0, 64,
+        {"overhead_tokens": {"string_value": "300"}, "max_batch": {"string_value": "4"}},
+    )  # fmt: skip
+    wired = wire(overridden, pairs, engine, None)
+    assert wired.cost == LinearCost(300) and wired.scheduler.layout.max_batch == 4
+    assert wired.limits.pairs
