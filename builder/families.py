@@ -44,7 +44,7 @@ FP16_LOWEST = -65504.0
 class LoadedModel:
     module: nn.Module  # (input_ids [B,T] int64, attention_mask [B,T] int64) -> [B, out_dim] fp32
     family: str
-    output_name: str  # EMBEDDING or LOGITS
+    output_name: str  # the family's one output (contract.FAMILY_CONTRACTS)
     output_dim: int
     max_length: int  # the model's own limit on row length
     vocab_size: int

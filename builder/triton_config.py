@@ -1,7 +1,8 @@
 """The Triton model config, built as Triton's own protobuf message and written as text.
 
 The interface is fixed so that clients can rely on it: up to 64 rows a request; exactly one of
-TEXT (strings) or INPUT_IDS (+ optional ATTENTION_MASK); EMBEDDING or LOGITS, and NUM_TOKENS out.
+TEXT (strings, with TEXT_PAIR for rerankers) or INPUT_IDS (+ optional ATTENTION_MASK); the
+family's one output (EMBEDDING, LOGITS or SCORE) and NUM_TOKENS out.
 No `dynamic_batching` block: the model batches for itself. Not decoupled: plain HTTP /infer and
 unary gRPC work, while the model still answers from its own thread.
 """

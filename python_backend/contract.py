@@ -69,7 +69,9 @@ FAMILY_OUTPUTS: dict[str, str] = {name: f.output_name for name, f in FAMILY_CONT
 # -- request limits ---------------------------------------------------------------------------
 
 MAX_ROWS_PER_REQUEST = 64  # Triton's max_batch_size for every model the builder writes
-# a text row longer than this many bytes per allowed token is refused before tokenizing
+# a text row longer than this many bytes per allowed token is refused before tokenizing: a token
+# covers at least one character and real text averages 4-5 per token, so such a row cannot be
+# meant for this model, and tokenizing it would stall every other request
 MAX_TEXT_BYTES_PER_TOKEN = 32
 
 # -- model parameters (config.pbtxt), with their defaults -------------------------------------

@@ -21,10 +21,6 @@ from python_backend.contract import (
 )
 from python_backend.tokenization import TextTokenizer
 
-# a token covers at least one character, and real text averages 4-5 per token: a row of more
-# than MAX_TEXT_BYTES_PER_TOKEN bytes per allowed token cannot be meant for this model, and
-# tokenizing it would stall every other request
-
 
 @dataclass(frozen=True)
 class Limits:

@@ -67,8 +67,8 @@ class LongRows:
 @dataclass(frozen=True)
 class Manifest:
     model_name: str
-    family: str  # embedding | classifier | decoder
-    output_name: str  # EMBEDDING or LOGITS
+    family: str  # a name in contract.FAMILIES
+    output_name: str  # the family's one output (contract.FAMILY_CONTRACTS)
     output_dim: int  # D or C: the engine returns [B, output_dim]
     tokenizer_file: str  # tokenizer.json beside the manifest
     max_length: int  # longest row the engine accepts, in tokens

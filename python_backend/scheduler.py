@@ -12,7 +12,7 @@ A step:
    cost anything;
 3. ``plan``: the policy sees every row with its length and its request's arrival time and the
    step's ``now``, and returns forwards (plain data: padded length, rows, age). A policy may leave
-   rows waiting (``Plan.waiting``), which go back to the front of the queue; the policies here run
+   rows waiting (``PolicyPlan.waiting``), which go back to the front of the queue; the policies here run
    everything at once, with the DP planner or the per-bucket baseline;
 4. forwards run oldest first (a forward is as old as the oldest request it serves), so the request
    that waited longest completes first; each forward is ``execute``d (pad, run) and ``complete``d
