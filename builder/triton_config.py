@@ -18,15 +18,15 @@ from python_backend.contract import (
     MAX_ROWS_PER_REQUEST,
     NUM_TOKENS_OUTPUT,
     PAIR_INPUT,
-    PARAMETER_DEFAULTS,
     REQUEST_INPUTS,
 )
+from python_backend.settings import CONFIG_DEFAULTS
 
 MAX_BATCH_SIZE = MAX_ROWS_PER_REQUEST
 
-# model parameters: every one of them can be overridden in config.pbtxt, or for one model by an
-# environment variable (see python_backend/settings.py)
-DEFAULT_PARAMETERS = PARAMETER_DEFAULTS
+# model parameters: every setting at its declared default; each can be changed in config.pbtxt,
+# or for one model by an environment variable (python_backend/settings.py declares them)
+DEFAULT_PARAMETERS = CONFIG_DEFAULTS
 
 
 def cpu_instance() -> mc.ModelInstanceGroup:

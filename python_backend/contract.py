@@ -1,5 +1,7 @@
-"""What the builder and the server agree on, in one place: tensor names, family outputs, request
-limits, parameter defaults and error kinds. Both import this module; it imports nothing of theirs.
+"""What the builder and the server agree on, in one place: tensor names, each family's output and
+graph inputs, request limits, and why a request gets no outputs (reasons, kinds, the one error
+type). Both import this module; it imports nothing of theirs. (Model settings and their defaults
+are declared in ``settings``.)
 """
 
 from __future__ import annotations
@@ -73,20 +75,6 @@ MAX_ROWS_PER_REQUEST = 64  # Triton's max_batch_size for every model the builder
 # covers at least one character and real text averages 4-5 per token, so such a row cannot be
 # meant for this model, and tokenizing it would stall every other request
 MAX_TEXT_BYTES_PER_TOKEN = 32
-
-# -- model parameters (config.pbtxt), with their defaults -------------------------------------
-# Each can be overridden for one model by the environment variable <MODEL>__<NAME>, both in upper
-# case with anything but letters and digits as "_" (``settings.env_name``).
-
-PARAMETER_DEFAULTS: dict[str, str] = {
-    "truncate_default": "true",  # rows over the max length: truncate, or refuse
-    "max_queue_rows": "4096",  # rows queued past this are refused at once (503)
-    "default_timeout_ms": "0",  # deadline for requests that set none (0: none)
-    "overhead_tokens": "",  # empty: the manifest's calibrated cost model
-    "max_batch": "",  # empty: the manifest's cap on rows per forward
-    "planner": "dp",  # a name in planner.PLANNERS
-}
-
 
 # -- why a request got no outputs -------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """Server settings: config.pbtxt parameters, each overridable for one model from the environment.
 
+Each setting is declared once, as a field of ``Settings``: its type, its default (the string
+config.pbtxt holds; empty means "not set": the manifest decides), its parser (with its bounds)
+and its help. The builder writes the defaults into config.pbtxt (``CONFIG_DEFAULTS``), and the
+README's settings table is ``settings_table()`` (a test compares them).
+
 The variable names the model and the parameter: ``<MODEL>__<PARAMETER>`` in upper case, anything
 but letters and digits written as "_" (``minilm``'s ``max_queue_rows`` -> ``MINILM__MAX_QUEUE_ROWS``),
 so an override never reaches another model of the server by accident. ``PLANNER_OVERHEAD_TOKENS``
@@ -14,10 +19,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from python_backend.contract import PARAMETER_DEFAULTS
 from python_backend.cost_models import OVERHEAD_ENV_VAR
 from python_backend.planner import PLANNERS
 
@@ -26,53 +31,12 @@ class SettingsError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Settings:
-    truncate_default: bool  # rows over the max length: truncate (True) or refuse (False)
-    max_queue_rows: int  # rows queued past this are refused at once with UNAVAILABLE
-    default_timeout_ms: int  # 0: no deadline unless a request sets timeout_ms
-    overhead_tokens: float | None  # None: the manifest's cost model; else overhead + B*T
-    max_batch: int | None  # None: the manifest's; else the server's cap on rows per forward
-    planner: str  # a name in planner.PLANNERS: "dp", or "per_bucket" (the baseline)
+# -- one parser per kind of value: (raw text, setting name) -> value, or SettingsError naming it
+
+Parser = Callable[[str, str], Any]
 
 
-def env_name(model: str, parameter: str) -> str:
-    """The environment variable that overrides ``parameter`` for ``model``."""
-    return re.sub(r"[^A-Z0-9]", "_", f"{model}__{parameter}".upper())
-
-
-class _Source:
-    """A model's parameters, with its environment overrides laid over them."""
-
-    def __init__(self, parameters: dict[str, Any], model: str) -> None:
-        self.parameters, self.model = parameters, model
-
-    def raw(self, name: str) -> str:
-        env = os.environ.get(env_name(self.model, name)) if self.model else None
-        if name == "overhead_tokens" and (env is None or env.strip() == ""):
-            env = os.environ.get(OVERHEAD_ENV_VAR)
-        if env is not None and env.strip() != "":
-            return env.strip()
-        value = self.parameters.get(name, {})
-        if isinstance(value, dict):
-            value = value.get("string_value", "")
-        return str(value).strip() or PARAMETER_DEFAULTS.get(name, "")
-
-
-def _int(source: _Source, name: str, minimum: int) -> int:
-    raw = source.raw(name)
-    if raw == "":
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"setting {name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(f"setting {name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _bool(raw: str, name: str) -> bool:
+def parse_bool(raw: str, name: str) -> bool:
     lowered = raw.lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -81,29 +45,118 @@ def _bool(raw: str, name: str) -> bool:
     raise SettingsError(f"setting {name} must be true or false, got {raw!r}")
 
 
+def int_at_least(minimum: int, empty: int | None = None) -> Parser:
+    """An integer >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
+
+    def parse(raw: str, name: str) -> int | None:
+        if raw == "":
+            return empty
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"setting {name} must be an integer, got {raw!r}") from None
+        if value < minimum:
+            raise SettingsError(f"setting {name} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def number_at_least(minimum: float) -> Parser:
+    """A number >= ``minimum``; the empty text is not set (None)."""
+
+    def parse(raw: str, name: str) -> float | None:
+        if raw == "":
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"setting {name} must be a number, got {raw!r}") from None
+        if value < minimum:
+            raise SettingsError(f"setting {name} must be >= {minimum:g}, got {value:g}")
+        return value
+
+    return parse
+
+
+def one_of(choices: tuple[str, ...]) -> Parser:
+    def parse(raw: str, name: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"setting {name} must be {' or '.join(choices)}, got {raw!r}")
+        return raw
+
+    return parse
+
+
+def _setting(default: str, parse: Parser, help: str) -> Any:
+    """A setting's declaration: config.pbtxt's default text, its parser, its help."""
+    return field(metadata={"default": default, "parse": parse, "help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    truncate_default: bool = _setting(
+        "true", parse_bool, "rows over the max length: truncate, or refuse"
+    )
+    max_queue_rows: int = _setting(
+        "4096", int_at_least(1), "rows queued past this are refused at once (503)"
+    )
+    default_timeout_ms: int = _setting(
+        "0",
+        int_at_least(0, empty=0),
+        "deadline for requests that set no `timeout_ms` (0: none)",
+    )
+    overhead_tokens: float | None = _setting(
+        "",
+        number_at_least(0.0),
+        "plan with `overhead + B*T` instead of the calibrated cost "
+        f"(`{OVERHEAD_ENV_VAR}` sets it for every model)",
+    )
+    max_batch: int | None = _setting("", int_at_least(1), "the server's cap on rows per forward")
+    planner: str = _setting(
+        "dp",
+        one_of(tuple(PLANNERS)),
+        "`dp`, or `per_bucket` (the baseline, to measure what the DP gains)",
+    )
+
+
+# the parameters block the builder writes into config.pbtxt: every setting, at its default
+CONFIG_DEFAULTS: dict[str, str] = {f.name: f.metadata["default"] for f in fields(Settings)}
+
+
+def settings_table() -> list[str]:
+    """The README's table of settings, from the declarations."""
+    lines = ["| parameter | default | meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        default = f"`{f.metadata['default']}`" if f.metadata["default"] else "(manifest)"
+        lines.append(f"| `{f.name}` | {default} | {f.metadata['help']} |")
+    return lines
+
+
+def env_name(model: str, parameter: str) -> str:
+    """The environment variable that overrides ``parameter`` for ``model``."""
+    return re.sub(r"[^A-Z0-9]", "_", f"{model}__{parameter}".upper())
+
+
+def _raw(parameters: dict[str, Any], model: str, name: str, default: str) -> str:
+    """A setting's text: the model's environment override, else its config value, else the
+    declared default."""
+    env = os.environ.get(env_name(model, name)) if model else None
+    if name == "overhead_tokens" and (env is None or env.strip() == ""):
+        env = os.environ.get(OVERHEAD_ENV_VAR)
+    if env is not None and env.strip() != "":
+        return env.strip()
+    value = parameters.get(name, {})
+    if isinstance(value, dict):
+        value = value.get("string_value", "")
+    return str(value).strip() or default
+
+
 def settings_from_parameters(parameters: dict[str, Any], model: str = "") -> Settings:
     """Settings from a model config's ``parameters`` map (as Triton hands it to initialize),
     with the environment's overrides for ``model``."""
-    source = _Source(parameters, model)
-    overhead_raw = source.raw("overhead_tokens")
-    overhead: float | None = None
-    if overhead_raw:
-        try:
-            overhead = float(overhead_raw)
-        except ValueError:
-            raise SettingsError(
-                f"setting overhead_tokens must be a number, got {overhead_raw!r}"
-            ) from None
-        if overhead < 0:
-            raise SettingsError(f"setting overhead_tokens must be >= 0, got {overhead}")
-    planner = source.raw("planner")
-    if planner not in PLANNERS:
-        raise SettingsError(f"setting planner must be {' or '.join(PLANNERS)}, got {planner!r}")
-    return Settings(
-        truncate_default=_bool(source.raw("truncate_default"), "truncate_default"),
-        max_queue_rows=_int(source, "max_queue_rows", 1),
-        default_timeout_ms=_int(source, "default_timeout_ms", 0),
-        overhead_tokens=overhead,
-        max_batch=_int(source, "max_batch", 0) or None,
-        planner=planner,
-    )
+    values = {
+        f.name: f.metadata["parse"](_raw(parameters, model, f.name, f.metadata["default"]), f.name)
+        for f in fields(Settings)
+    }
+    return Settings(**values)

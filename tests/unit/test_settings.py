@@ -81,3 +81,24 @@ def test_fault_injection_is_not_a_setting(monkeypatch):
     monkeypatch.setenv(env_name(MODEL, "fault_injection"), "oom_above_tokens=1")
     s = settings_from_parameters(params(fault_injection="oom_above_tokens=1"), MODEL)
     assert not hasattr(s, "fault_injection")
+
+
+def test_the_readme_settings_table_is_the_declarations():
+    from pathlib import Path
+
+    from python_backend.settings import settings_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = "\n".join(settings_table())
+    assert table in readme, "regenerate the README table from settings.settings_table()"
+
+
+def test_the_config_defaults_parse_to_the_documented_settings():
+    from dataclasses import fields
+
+    from python_backend.settings import CONFIG_DEFAULTS, Settings
+
+    assert list(CONFIG_DEFAULTS) == [f.name for f in fields(Settings)]
+    parsed = settings_from_parameters({k: {"string_value": v} for k, v in CONFIG_DEFAULTS.items()})
+    assert parsed == settings_from_parameters({})
+    assert parsed.overhead_tokens is None and parsed.max_batch is None  # the manifest decides
