@@ -19,73 +19,22 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from python_backend.cost_models import OVERHEAD_ENV_VAR
 from python_backend.planner import PLANNERS
+from python_backend.values import (
+    BadValue,
+    Parser,
+    int_at_least,
+    number_at_least,
+    one_of,
+    parse_bool,
+)
 
-
-class SettingsError(ValueError):
-    pass
-
-
-# -- one parser per kind of value: (raw text, setting name) -> value, or SettingsError naming it
-
-Parser = Callable[[str, str], Any]
-
-
-def parse_bool(raw: str, name: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise SettingsError(f"setting {name} must be true or false, got {raw!r}")
-
-
-def int_at_least(minimum: int, empty: int | None = None) -> Parser:
-    """An integer >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
-
-    def parse(raw: str, name: str) -> int | None:
-        if raw == "":
-            return empty
-        try:
-            value = int(raw)
-        except ValueError:
-            raise SettingsError(f"setting {name} must be an integer, got {raw!r}") from None
-        if value < minimum:
-            raise SettingsError(f"setting {name} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def number_at_least(minimum: float) -> Parser:
-    """A number >= ``minimum``; the empty text is not set (None)."""
-
-    def parse(raw: str, name: str) -> float | None:
-        if raw == "":
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise SettingsError(f"setting {name} must be a number, got {raw!r}") from None
-        if value < minimum:
-            raise SettingsError(f"setting {name} must be >= {minimum:g}, got {value:g}")
-        return value
-
-    return parse
-
-
-def one_of(choices: tuple[str, ...]) -> Parser:
-    def parse(raw: str, name: str) -> str:
-        if raw not in choices:
-            raise SettingsError(f"setting {name} must be {' or '.join(choices)}, got {raw!r}")
-        return raw
-
-    return parse
+# a setting's bad value fails model load with the setting named
+SettingsError = BadValue
 
 
 def _setting(default: str, parse: Parser, help: str) -> Any:
@@ -156,7 +105,9 @@ def settings_from_parameters(parameters: dict[str, Any], model: str = "") -> Set
     """Settings from a model config's ``parameters`` map (as Triton hands it to initialize),
     with the environment's overrides for ``model``."""
     values = {
-        f.name: f.metadata["parse"](_raw(parameters, model, f.name, f.metadata["default"]), f.name)
+        f.name: f.metadata["parse"](
+            _raw(parameters, model, f.name, f.metadata["default"]), f"setting {f.name}"
+        )
         for f in fields(Settings)
     }
     return Settings(**values)

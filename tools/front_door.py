@@ -21,9 +21,18 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
+from python_backend.values import (
+    BadValue,
+    Parser,
+    int_at_least,
+    matching,
+    parse_bool,
+    text,
+)
 from tools.triton_server import local_host, set_parent_death_signal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +48,16 @@ class FrontDoorError(RuntimeError):
     """A setting the front door cannot run with, or an nginx that did not start."""
 
 
+API_KEY_RULE = "16 to 256 characters of A-Z a-z 0-9 . _ ~ + / = -"
+# the key as the env declares it: none (empty), or a key that needs no quoting in the config
+parse_api_key = matching(f"|{API_KEY_PATTERN.pattern}", f"{API_KEY_RULE} (or empty: no key)")
+parse_size = matching(SIZE_PATTERN.pattern, "like 8m, 512k or 1048576")
+
+
 def check_api_key(key: str, name: str = "API_KEY") -> str:
     if key and not API_KEY_PATTERN.fullmatch(key):
         raise FrontDoorError(
-            f"{name} must be 16 to 256 characters of A-Z a-z 0-9 . _ ~ + / = - "
+            f"{name} must be {API_KEY_RULE} "
             f"(got {len(key)} characters); for example: openssl rand -hex 32"
         )
     return key
@@ -52,60 +67,86 @@ def random_key() -> str:
     return secrets.token_hex(32)
 
 
+def from_env(variable: str, parse: Parser) -> dict[str, object]:
+    """A setting's declaration: the environment variable that sets it, and its parser."""
+    return {"env": variable, "parse": parse}
+
+
+def declared(cls: type) -> list[Any]:
+    """The fields of a settings dataclass that an environment variable sets."""
+    return [f for f in fields(cls) if "env" in f.metadata]
+
+
+def read_env(cls: type, env: dict[str, str] | None = None) -> dict[str, object]:
+    """The declared settings the environment sets (an empty value is unset), parsed; a bad value
+    raises BadValue naming the variable."""
+    env = dict(os.environ if env is None else env)
+    out: dict[str, object] = {}
+    for f in declared(cls):
+        raw = env.get(f.metadata["env"], "").strip()
+        if raw:
+            out[f.name] = f.metadata["parse"](raw, f.metadata["env"])
+    return out
+
+
+def env_defaults(cls: type) -> dict[str, str]:
+    """Each declared variable's default, as text: what compose and the manifests restate."""
+    out = {}
+    for f in declared(cls):
+        value = f.default
+        out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
 @dataclass(frozen=True)
 class FrontDoorSettings:
-    """Everything the template names; `from_env` reads the same names from the environment."""
+    """Everything the template names; each setting an environment variable sets is declared here
+    once, with its variable, default and parser (``read_env``)."""
 
     triton_http_address: str  # host:port of Triton's own HTTP server (loopback or internal)
     triton_grpc_address: str
     triton_metrics_address: str
     openai_address: str  # host:port of the OpenAI-compatible adapter (openai_api), served at /v1
-    public_address: str = "0.0.0.0"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    metrics_public: bool = False  # metrics on the public address instead of loopback
-    api_key: str = ""  # empty: inference needs no key
-    max_body_size: str = "8m"  # nginx size syntax
-    max_header_size: str = "8k"  # per header line; 4 such buffers bound all headers
-    client_timeout_s: int = 10  # header, body and send timeouts (between two reads)
-    upstream_timeout_s: int = 60  # longest wait for Triton's answer: the backstop
-    max_connections_per_client: int = 256
+    public_address: str = field(default="0.0.0.0", metadata=from_env("PUBLIC_ADDRESS", text))
+    http_port: int = field(default=8000, metadata=from_env("HTTP_PORT", int_at_least(1)))
+    grpc_port: int = field(default=8001, metadata=from_env("GRPC_PORT", int_at_least(1)))
+    metrics_port: int = field(default=8002, metadata=from_env("METRICS_PORT", int_at_least(1)))
+    # metrics on the public address instead of loopback
+    metrics_public: bool = field(default=False, metadata=from_env("METRICS_PUBLIC", parse_bool))
+    api_key: str = field(default="", metadata=from_env("API_KEY", parse_api_key))  # "": no key
+    # nginx size syntax
+    max_body_size: str = field(default="8m", metadata=from_env("MAX_BODY_SIZE", parse_size))
+    # per header line; 4 such buffers bound all headers
+    max_header_size: str = field(default="8k", metadata=from_env("MAX_HEADER_SIZE", parse_size))
+    # header, body and send timeouts (between two reads)
+    client_timeout_s: int = field(
+        default=10, metadata=from_env("CLIENT_TIMEOUT_S", int_at_least(1))
+    )
+    # longest wait for Triton's answer: the backstop
+    upstream_timeout_s: int = field(
+        default=60, metadata=from_env("UPSTREAM_TIMEOUT_S", int_at_least(1))
+    )
+    max_connections_per_client: int = field(
+        default=256, metadata=from_env("MAX_CONNECTIONS_PER_CLIENT", int_at_least(1))
+    )
 
     def __post_init__(self) -> None:
         check_api_key(self.api_key)
-        for name in ("max_body_size", "max_header_size"):
-            if not SIZE_PATTERN.fullmatch(getattr(self, name)):
-                raise FrontDoorError(f"{name.upper()} must look like 8m, 512k or 1048576")
-        for name in ("client_timeout_s", "upstream_timeout_s", "max_connections_per_client"):
-            if int(getattr(self, name)) < 1:
-                raise FrontDoorError(f"{name.upper()} must be at least 1")
+        for f in declared(FrontDoorSettings):  # built in code: the same rules as from the env
+            value = getattr(self, f.name)
+            raw = str(value).lower() if isinstance(value, bool) else str(value)
+            try:
+                f.metadata["parse"](raw, f.metadata["env"])
+            except BadValue as err:
+                raise FrontDoorError(str(err)) from None
 
     @staticmethod
     def env_overrides(env: dict[str, str] | None = None) -> dict[str, object]:
-        """The settings the environment sets: FRONT_DOOR_* names, and API_KEY."""
-        env = dict(os.environ if env is None else env)
-        out: dict[str, object] = {}
-        if "API_KEY" in env:
-            out["api_key"] = env["API_KEY"]
-        if "PUBLIC_ADDRESS" in env:
-            out["public_address"] = env["PUBLIC_ADDRESS"]
-        if "METRICS_PUBLIC" in env:
-            out["metrics_public"] = env["METRICS_PUBLIC"].lower() in ("1", "true", "yes")
-        for name, kind in (
-            ("max_body_size", str),
-            ("max_header_size", str),
-            ("client_timeout_s", int),
-            ("upstream_timeout_s", int),
-            ("max_connections_per_client", int),
-        ):
-            key = name.upper()
-            if key in env:
-                try:
-                    out[name] = kind(env[key])
-                except ValueError as err:
-                    raise FrontDoorError(f"{key}={env[key]!r}: {err}") from None
-        return out
+        """The settings the environment sets, by field name."""
+        try:
+            return read_env(FrontDoorSettings, env)
+        except BadValue as err:
+            raise FrontDoorError(str(err)) from None
 
     def template_values(self) -> dict[str, str]:
         metrics_host = self.public_address if self.metrics_public else "127.0.0.1"

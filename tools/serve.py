@@ -31,32 +31,24 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.front_door import FrontDoor, FrontDoorError, FrontDoorSettings, check_api_key, random_key
+from python_backend.values import BadValue, int_at_least, number_at_least
+from tools.front_door import (
+    FrontDoor,
+    FrontDoorError,
+    FrontDoorSettings,
+    check_api_key,
+    from_env,
+    parse_api_key,
+    random_key,
+    read_env,
+)
 from tools.triton_server import ROOT, TritonServer, answers_ok, set_parent_death_signal
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
-
-
-def env_int(name: str, default: int) -> int:
-    return int(env_number(name, default, int))
-
-
-def env_float(name: str, default: float) -> float:
-    return env_number(name, default, float)
-
-
-def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
-    """The variable's value, its default when unset or empty; a bad value ends the launcher
-    with the variable named."""
-    value = os.environ.get(name, "")
-    try:
-        return kind(value) if value else default
-    except ValueError:
-        sys.exit(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}")
 
 
 def restricted_api_args(admin_key: str) -> list[str]:
@@ -114,18 +106,34 @@ def probe_model(base_url: str, model: str, timeout_s: float) -> ProbeResult:
 
 @dataclass
 class ServeSettings:
+    """The launcher's settings; those an environment variable sets are declared here once, with
+    their variable, default and parser (``front_door.read_env``)."""
+
     repository: Path
     models: list[str]  # probed by the watchdog; the first is named in the ready line
     triton_address: str = "127.0.0.1"
-    triton_http_port: int = 18000
-    triton_grpc_port: int = 18001
-    triton_metrics_port: int = 18002
+    triton_http_port: int = field(
+        default=18000, metadata=from_env("TRITON_HTTP_PORT", int_at_least(1))
+    )
+    triton_grpc_port: int = field(
+        default=18001, metadata=from_env("TRITON_GRPC_PORT", int_at_least(1))
+    )
+    triton_metrics_port: int = field(
+        default=18002, metadata=from_env("TRITON_METRICS_PORT", int_at_least(1))
+    )
     front_door: FrontDoorSettings | None = None
-    openai_port: int | None = None  # the adapter's port on loopback; None: no adapter
-    admin_key: str = ""
-    probe_interval_s: float = 2.0
-    probe_timeout_s: float = 10.0
-    exit_timeout_s: int = 30
+    # the adapter's port on loopback; None: no adapter (no front door)
+    openai_port: int | None = field(
+        default=18003, metadata=from_env("OPENAI_PORT", int_at_least(1))
+    )
+    admin_key: str = field(default="", metadata=from_env("TRITON_ADMIN_KEY", parse_api_key))
+    probe_interval_s: float = field(
+        default=2.0, metadata=from_env("PROBE_INTERVAL_S", number_at_least(0.05))
+    )
+    probe_timeout_s: float = field(
+        default=10.0, metadata=from_env("PROBE_TIMEOUT_S", number_at_least(0.05))
+    )
+    exit_timeout_s: int = field(default=30, metadata=from_env("EXIT_TIMEOUT_S", int_at_least(1)))
     state_dir: Path = ROOT / "build" / "serve"
 
 
@@ -335,50 +343,32 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
     )
     parser.add_argument("--state-dir", type=Path, default=ROOT / "build" / "serve")
     args = parser.parse_args(argv)
-    admin_key = os.environ.get("TRITON_ADMIN_KEY", "")
     try:
-        check_api_key(admin_key, "TRITON_ADMIN_KEY")
-    except FrontDoorError as err:
-        sys.exit(str(err))
-    http, grpc, metrics = (
-        env_int("TRITON_HTTP_PORT", 18000),
-        env_int("TRITON_GRPC_PORT", 18001),
-        env_int("TRITON_METRICS_PORT", 18002),
-    )
-    front_door = None
-    openai_port = None
-    if not args.no_front_door:
-        openai_port = env_int("OPENAI_PORT", 18003)
+        env = read_env(ServeSettings)
+        settings = ServeSettings(
+            repository=args.repository,
+            models=args.model or ["minilm"],
+            triton_address=args.triton_address,
+            state_dir=args.state_dir,
+            **env,  # type: ignore[arg-type]
+        )
+        check_api_key(settings.admin_key, "TRITON_ADMIN_KEY")
+        if args.no_front_door:
+            settings.openai_port = None
+            return settings
         if args.triton_address in ("0.0.0.0", "::"):
             sys.exit("behind the front door, Triton listens on loopback: drop --triton-address")
-        try:
-            front_door = FrontDoorSettings(
-                triton_http_address=f"{args.triton_address}:{http}",
-                triton_grpc_address=f"{args.triton_address}:{grpc}",
-                triton_metrics_address=f"{args.triton_address}:{metrics}",
-                openai_address=f"127.0.0.1:{openai_port}",
-                http_port=env_int("HTTP_PORT", 8000),
-                grpc_port=env_int("GRPC_PORT", 8001),
-                metrics_port=env_int("METRICS_PORT", 8002),
-                **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
-            )
-        except FrontDoorError as err:
-            sys.exit(str(err))
-    return ServeSettings(
-        repository=args.repository,
-        models=args.model or ["minilm"],
-        triton_address=args.triton_address,
-        triton_http_port=http,
-        triton_grpc_port=grpc,
-        triton_metrics_port=metrics,
-        front_door=front_door,
-        openai_port=openai_port,
-        admin_key=admin_key,
-        probe_interval_s=env_float("PROBE_INTERVAL_S", 2.0),
-        probe_timeout_s=env_float("PROBE_TIMEOUT_S", 10.0),
-        exit_timeout_s=env_int("EXIT_TIMEOUT_S", 30),
-        state_dir=args.state_dir,
-    )
+        address = args.triton_address
+        settings.front_door = FrontDoorSettings(
+            triton_http_address=f"{address}:{settings.triton_http_port}",
+            triton_grpc_address=f"{address}:{settings.triton_grpc_port}",
+            triton_metrics_address=f"{address}:{settings.triton_metrics_port}",
+            openai_address=f"127.0.0.1:{settings.openai_port}",
+            **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
+        )
+    except (BadValue, FrontDoorError) as err:
+        sys.exit(str(err))
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:

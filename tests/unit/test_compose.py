@@ -165,3 +165,26 @@ def test_the_image_keeps_the_ngc_entrypoint():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", dockerfile, re.M)
     assert entrypoint == '["/opt/nvidia/nvidia_entrypoint.sh"]'
+
+
+def test_the_defaults_compose_restates_are_the_declared_ones():
+    """compose writes ${NAME:-default} for the door's settings: each default is the declaration's."""
+    from tools.front_door import FrontDoorSettings, env_defaults
+
+    text = (ROOT / "docker-compose.yml").read_text()
+    restated = dict(re.findall(r"\$\{([A-Z_]+):-([^}]*)\}", text))
+    declared = env_defaults(FrontDoorSettings)
+    shared = set(restated) & set(declared)
+    assert {"MAX_BODY_SIZE", "CLIENT_TIMEOUT_S", "MAX_CONNECTIONS_PER_CLIENT"} <= shared
+    assert {name: restated[name] for name in shared} == {name: declared[name] for name in shared}
+    # the published ports default to the door's own
+    for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
+        assert restated[name] == declared[name]
+
+
+def test_the_nginx_entrypoint_check_applies_the_declared_key_rule():
+    from tools.front_door import API_KEY_PATTERN
+
+    script = (ROOT / "docker" / "nginx" / "10-check-api-key.sh").read_text()
+    (pattern,) = re.findall(r"grep -Eq '\^(.+)\$'", script)
+    assert pattern == API_KEY_PATTERN.pattern

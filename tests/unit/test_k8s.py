@@ -226,3 +226,16 @@ def test_the_adapter_rule_sums_the_model_instance_label_not_prometheus_own():
     assert INSTANCE_LABEL != "instance"  # Prometheus sets `instance` on every series it scrapes
     text = (K8S / "prometheus-adapter-config.yaml").read_text()
     assert f"`{INSTANCE_LABEL}` label" in text
+
+
+def test_the_values_the_pod_restates_are_the_declared_defaults():
+    from tools.front_door import FrontDoorSettings, env_defaults
+    from tools.serve import ServeSettings
+
+    spec = pod_spec()
+    for container, declaration in (("front-door", FrontDoorSettings), ("triton", ServeSettings)):
+        env = {e["name"]: e.get("value") for e in containers(spec)[container]["env"]}
+        declared = env_defaults(declaration)
+        shared = set(env) & set(declared) - {"API_KEY"}  # from a Secret
+        assert shared, container
+        assert {n: env[n] for n in shared} == {n: declared[n] for n in shared}, container

@@ -1,0 +1,88 @@
+"""One parser for each kind of setting value: text in, a typed value out, or a ``BadValue`` that
+names the setting. The model's settings (``settings``), the launcher's and the front door's
+(``tools``) all parse with these. Standard library only: the launcher imports it too.
+
+A parser is called as ``parse(raw, name)``; ``raw`` is the text as given (stripped), and the empty
+text means "not set" where a parser allows it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+Parser = Callable[[str, str], Any]
+
+
+class BadValue(ValueError):
+    """A setting's text that its parser refuses; the message names the setting."""
+
+
+def parse_bool(raw: str, name: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise BadValue(f"{name} must be true or false, got {raw!r}")
+
+
+def int_at_least(minimum: int, empty: int | None = None) -> Parser:
+    """An integer >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
+
+    def parse(raw: str, name: str) -> int | None:
+        if raw == "":
+            return empty
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BadValue(f"{name} must be an integer, got {raw!r}") from None
+        if value < minimum:
+            raise BadValue(f"{name} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def number_at_least(minimum: float, empty: float | None = None) -> Parser:
+    """A number >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
+
+    def parse(raw: str, name: str) -> float | None:
+        if raw == "":
+            return empty
+        try:
+            value = float(raw)
+        except ValueError:
+            raise BadValue(f"{name} must be a number, got {raw!r}") from None
+        if not value >= minimum:  # NaN too
+            raise BadValue(f"{name} must be >= {minimum:g}, got {value:g}")
+        return value
+
+    return parse
+
+
+def one_of(choices: tuple[str, ...]) -> Parser:
+    def parse(raw: str, name: str) -> str:
+        if raw not in choices:
+            raise BadValue(f"{name} must be {' or '.join(choices)}, got {raw!r}")
+        return raw
+
+    return parse
+
+
+def matching(pattern: str, description: str) -> Parser:
+    """Text that matches ``pattern`` whole (the empty text is allowed only if it matches)."""
+    compiled = re.compile(pattern)
+
+    def parse(raw: str, name: str) -> str:
+        if not compiled.fullmatch(raw):
+            raise BadValue(f"{name} must be {description}")
+        return raw
+
+    parse.pattern = pattern  # type: ignore[attr-defined]  # for tests comparing a copy
+    return parse
+
+
+def text(raw: str, name: str) -> str:
+    return raw
