@@ -33,6 +33,7 @@ The last line printed ends with the simulated rows/s.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import math
@@ -48,7 +49,7 @@ import numpy as np
 from bench.docs import write_section
 from python_backend.cost_models import CostModel, LinearCost, MeasuredCost, cost_model_from_dict
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, load_manifest
+from python_backend.manifest import load_manifest
 from python_backend.planner import PLANNERS, Group, PlanLayout
 from python_backend.scheduler import Answer, Policy, PolicyPlan, QueuedRows, Request, Scheduler
 
@@ -124,7 +125,29 @@ class CostTable:
     source: str
     seconds: Callable[[int, int], float]
     fixed_tokens: float  # one forward's fixed cost, in tokens of this table: what the DP trades
+    # the buckets and caps forwards run with: a built model's own, or the layout a default build
+    # of the engine the table stands for would have (the simulator never plans a forward the
+    # server could not run)
+    layout: BucketLayout
     version_dir: Path | None = None  # the built model a measured table comes from
+
+
+@functools.cache
+def tensorrt_layout() -> BucketLayout:
+    """The layout a default TensorRT build chooses on the bench corpus: its bucket count,
+    alignment, token budget, max batch and captured sizes (``builder.build``'s defaults)."""
+    from builder.buckets import bucket_rows, choose_buckets
+    from builder.build import DEFAULT_ALIGN, DEFAULT_TOKEN_BUDGET
+    from builder.spec import BuildSpec
+
+    spec, max_length = BuildSpec(), 256  # MiniLM's limit
+    lengths = choose_buckets(
+        read_lengths(LENGTHS), spec.num_buckets, max_length, DEFAULT_ALIGN["tensorrt"]
+    )
+    buckets = bucket_rows(
+        lengths, DEFAULT_TOKEN_BUDGET["tensorrt"], spec.max_batch, batch_multiple=8, capture=True
+    )
+    return BucketLayout(tuple(buckets), max_length, spec.max_batch, None)
 
 
 def gpu_table(name: str) -> CostTable:
@@ -146,6 +169,7 @@ def gpu_table(name: str) -> CostTable:
         ),
         seconds=lambda b, t: rule.ms(b, t) / 1e3,
         fixed_tokens=rule.fixed_ms / per_token_at_64,
+        layout=tensorrt_layout(),
     )
 
 
@@ -163,6 +187,7 @@ def manifest_table(version_dir: Path) -> CostTable:
         source=f"the calibration of {version_dir} (measured on this machine)",
         seconds=lambda b, t: table.time_us(b, t) / 1e6,
         fixed_tokens=float(fit.get("overhead_tokens", 0.0)),
+        layout=BucketLayout.from_manifest(manifest),
         version_dir=version_dir,
     )
 
@@ -312,7 +337,10 @@ class TimedEngine:
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         rows, length = input_ids.shape
-        self.clock.now += self.table.seconds(rows, length) + rows * self.server_s_per_row
+        if rows > self.layout.max_rows(length):
+            raise ValueError(f"{rows} rows at {length} tokens: more than the layout's cap")
+        ran = self.layout.run_batch_size(length, rows)  # a captured size, where graphs exist
+        self.clock.now += self.table.seconds(ran, length) + rows * self.server_s_per_row
         self.forwards.append((rows, length, int(attention_mask.sum())))
         return np.full((rows, 1), np.nan, dtype=np.float32)
 
@@ -348,19 +376,17 @@ class Result:
         }
 
 
-def linear_table(fixed_s: float, per_token_s: float, name: str) -> CostTable:
-    """A synthetic table: a fixed cost per forward plus a cost per padded token."""
+def linear_table(
+    fixed_s: float, per_token_s: float, name: str, layout: BucketLayout | None = None
+) -> CostTable:
+    """A synthetic table: a fixed cost per forward plus a cost per padded token, on ``layout``
+    (default: a TensorRT build's, since the fixed costs it stands for are a GPU's)."""
 
     def seconds(num_rows: int, padded_length: int) -> float:
         return fixed_s + num_rows * padded_length * per_token_s
 
-    return CostTable(name, "synthetic", seconds, fixed_s / per_token_s if per_token_s else 0.0)
-
-
-def default_layout() -> BucketLayout:
-    """The default build's buckets on the bench corpus (docs/PERFORMANCE.md), 64 rows each."""
-    lengths = (13, 31, 50, 71, 92, 129, 165, 256)
-    return BucketLayout(tuple(Bucket(t, 64, 16) for t in lengths), 256, 64, None)
+    fixed_tokens = fixed_s / per_token_s if per_token_s else 0.0
+    return CostTable(name, "synthetic", seconds, fixed_tokens, layout or tensorrt_layout())
 
 
 def simulate(
@@ -373,7 +399,6 @@ def simulate(
     seconds: float = 60.0,
     warmup_s: float = 5.0,
     server_us_per_row: float = 0.0,
-    layout: BucketLayout | None = None,
     seed: int = 0,
     round_trip_us: float = 0.0,
     rows_per_request: int = 1,
@@ -381,20 +406,21 @@ def simulate(
     """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop, rows/s)
     is set. Each request holds ``rows_per_request`` rows, each of its own length; latencies are
     per request. ``server_us_per_row`` is the server's own time per row at that many rows per
-    request (it is mostly per request: `server_time_per_row` measures it at the same size)."""
+    request (it is mostly per request: `server_time_per_row` measures it at the same size).
+    Forwards run on the table's layout: its buckets, its caps, its captured sizes."""
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency and rate")
     if rows_per_request < 1:
         raise ValueError("rows_per_request must be >= 1")
     clock = VirtualClock()
-    layout = layout or default_layout()
+    layout = table.layout
     engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6)
     # the planner's cost model: the table's own fixed cost in tokens, as calibration would find it
     scheduler = Scheduler(
         engine,
         pad_token_id=0,
         cost=LinearCost(table.fixed_tokens),
-        max_batch=64,
+        max_batch=layout.max_batch,
         max_queue_rows=10**9,
         policy=make_policy(policy),
         clock=clock,
@@ -537,7 +563,12 @@ def scaled_table(table: CostTable, factor: float) -> CostTable:
         return table.seconds(rows, length) * factor
 
     return CostTable(
-        table.name, f"{table.source}, x{factor:.2f}", seconds, table.fixed_tokens, table.version_dir
+        table.name,
+        f"{table.source}, x{factor:.2f}",
+        seconds,
+        table.fixed_tokens,
+        table.layout,
+        table.version_dir,
     )
 
 

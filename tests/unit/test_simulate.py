@@ -90,3 +90,24 @@ def test_the_served_forwards_are_compared_with_the_table_bucket_by_bucket():
         64: {"forwards": 5.0, "rows": 10.0, "seconds": 5 * 2 * 2.28e-3},
     }
     assert served_over_calibrated(before, after, table) == pytest.approx(2.0)
+
+
+def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
+    from python_backend.engines.base import BucketLayout
+    from python_backend.manifest import Bucket
+
+    # a served ONNX Runtime model's caps: few rows at the long bucket
+    caps = BucketLayout((Bucket(16, 64, 32), Bucket(256, 4, 2)), 256, 64, None)
+    table = synthetic(1e-3, 1e-6, "capped", layout=caps)
+    r = simulate(LENGTHS, table, "dp", concurrency=64, seconds=5)  # over a cap would raise
+    assert r.rows_per_s > 0
+    # TensorRT's layout pads a forward to its next captured size, and is charged for it
+    from bench.simulate import TimedEngine, VirtualClock, tensorrt_layout
+
+    layout = tensorrt_layout()
+    bucket = layout.buckets[0]
+    assert bucket.captured_batch_sizes and 3 not in bucket.captured_batch_sizes
+    clock = VirtualClock()
+    engine = TimedEngine(layout, synthetic(0.0, 1.0, "per token", layout), clock, 0.0)
+    engine.run(np.ones((3, bucket.length), np.int64), np.ones((3, bucket.length), np.int64))
+    assert clock.now == pytest.approx(layout.run_batch_size(bucket.length, 3) * bucket.length)
