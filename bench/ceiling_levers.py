@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
-from bench.serving import ROOT, build_repository, measure, warm_up
-from builder.triton_config import add_model_variant, write_config
+from bench.emulated_engine import EMULATED_MODEL_PY
+from bench.errors import BenchError, reports_errors
+from bench.harness import add_emulated_variant, build_repository, measure, warm_up
+from bench.paths import ROOT
 from tools.triton_server import TritonServer
 
 AS_IS, PULLED = "lever_as_is", "lever_pulled"
@@ -52,13 +53,14 @@ def lever_model(lever: str) -> tuple[str, int]:
     elif lever in PATCHES:
         prelude = PATCHES[lever]
     else:
-        raise SystemExit(
+        raise BenchError(
             f"no lever {lever!r}; known: instances:N, switch-interval:MS, {', '.join(PATCHES)}"
         )
     body = f'"""Bench only: the emulated model with {lever}."""\n{prelude}{EMULATED_IMPORT}\n'
     return body + '\n__all__ = ["TritonPythonModel"]\n', 1
 
 
+@reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lever", required=True)
@@ -69,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     pulled_py, count = lever_model(args.lever)
     repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
     for name, model_py, instances in ((AS_IS, EMULATED_MODEL_PY, 1), (PULLED, pulled_py, count)):
-        config = add_model_variant(repository, "planner_dp", name, model_py=model_py)
-        config.instance_group[0].count = instances
-        write_config(config, repository / name)
-        (repository / name / "1" / TABLE_FILE).write_text("zero\n")
+        add_emulated_variant(repository, "planner_dp", name, "zero", instances, model_py)
     rates: dict[str, list[float]] = {AS_IS: [], PULLED: []}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

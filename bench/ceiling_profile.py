@@ -32,17 +32,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
-from bench.serving import ROOT, build_repository, measure, warm_up
-from bench.simulate import (
-    LENGTHS,
-    forward_stats,
-    forwards_between,
-    gpu_table,
-    read_lengths,
-    simulate,
-)
-from builder.triton_config import add_model_variant
+from bench.cost_tables import gpu_table, read_lengths
+from bench.errors import reports_errors
+from bench.harness import add_emulated_variant, build_repository, measure, warm_up
+from bench.paths import LENGTHS, ROOT
+from bench.simulate import forward_stats, forwards_between, simulate
 from tools.triton_server import TritonServer
 
 MODEL = "ceiling"
@@ -90,6 +84,7 @@ def per_request_and_per_row(rows_per_s: dict[int, float]) -> tuple[float, float]
     return float(request_us), float(row_us)
 
 
+@reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=64)
@@ -97,10 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spy = py_spy()
     repository, _ = build_repository(ROOT / "build" / "bench-repository", rebuild=False)
-    add_model_variant(repository, "planner_dp", MODEL, model_py=EMULATED_MODEL_PY)
-    (repository / MODEL / "1" / TABLE_FILE).write_text("zero\n")
-    add_model_variant(repository, "planner_dp", A30, model_py=EMULATED_MODEL_PY)
-    (repository / A30 / "1" / TABLE_FILE).write_text("table:a30\n")
+    add_emulated_variant(repository, "planner_dp", MODEL, "zero")
+    add_emulated_variant(repository, "planner_dp", A30, "table:a30")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         server = TritonServer.loading_only(repository, (MODEL, A30), tmp / "t.log")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
+from bench.paths import DOC
 
 
 def write_section(section: str, begin: str, end: str, doc: Path = DOC) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.cost_tables import cost_table
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Manifest
 
@@ -52,6 +53,4 @@ class EmulatedEngine:
 def table_seconds(spec: str) -> Any:
     if spec == "zero":
         return lambda rows, length: 0.0
-    from bench.simulate import cost_table
-
     return cost_table(spec).seconds

@@ -29,15 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.docs import write_section
-from bench.openai_cost import (
-    MODEL,
-    closed_loop,
-    kserve_body,
-    loopback_door,
-    openai_body,
-    start_adapter,
-)
-from bench.serving import INPUT_DATA, PEER, ROOT, build_repository, warm_up
+from bench.errors import reports_errors
+from bench.harness import OPENAI_MODEL as MODEL
+from bench.harness import PEER, build_repository, loopback_door, start_adapter, warm_up
+from bench.openai_cost import closed_loop, kserve_body, openai_body
+from bench.paths import INPUT_DATA, ROOT
 from tools.front_door import FrontDoor
 from tools.triton_server import TritonServer, answers_ok, free_port
 
@@ -171,6 +167,7 @@ def report(runs: list[tuple[int, str, dict]], seconds: float, rounds: int) -> st
     return "\n".join(lines)
 
 
+@reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="8,32,64")

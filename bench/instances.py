@@ -17,40 +17,27 @@ forward (what splitting one queue into N costs the planner).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
-import urllib.request
-from collections import defaultdict
 from pathlib import Path
 
-from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
-from bench.serving import ROOT, build_repository, measure, warm_up
-from builder.triton_config import add_model_variant, write_config
+from bench.errors import reports_errors
+from bench.harness import add_emulated_variant, build_repository, measure, warm_up
+from bench.paths import ROOT
 from python_backend.contract import INSTANCE_LABEL
+from testkit.prometheus import samples_of, scrape, sum_by
 from tools.triton_server import TritonServer, free_port
 
 
 def by_instance(metrics_url: str, name: str, model: str) -> dict[str, float]:
     """Sum of a counter per instance label, for one model, from Prometheus text."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    totals: dict[str, float] = defaultdict(float)
-    for line in text.splitlines():
-        if not line.startswith(name + "{") or f'model="{model}"' not in line:
-            continue
-        labels, value = line.rsplit(" ", 1)
-        instance = re.search(rf'\b{INSTANCE_LABEL}="([^"]+)"', labels)
-        totals[instance.group(1) if instance else "?"] += float(value)
-    return dict(totals)
+    return sum_by(samples_of(scrape(metrics_url), name, model=model), INSTANCE_LABEL)
 
 
 def run(instances: int, repository: Path, table: str, concurrency: int, tmp: Path, ms: int):
     model = f"emulated_x{instances}"
-    config = add_model_variant(repository, "planner_dp", model, model_py=EMULATED_MODEL_PY)
-    config.instance_group[0].count = instances
-    write_config(config, repository / model)
-    (repository / model / "1" / TABLE_FILE).write_text(table + "\n")
+    add_emulated_variant(repository, "planner_dp", model, table, instances)
     server = TritonServer(
         repository,
         free_port(),
@@ -73,6 +60,7 @@ def run(instances: int, repository: Path, table: str, concurrency: int, tmp: Pat
     return row, stable, rows, forwards
 
 
+@reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", default="1,2,4")

@@ -17,11 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.paths import DATA
 from builder.corpus import corpus_rows
-
-ROOT = Path(__file__).resolve().parents[1]
-
-DATA = ROOT / "bench" / "data"
 
 
 def main() -> None:

@@ -25,12 +25,14 @@ import aiohttp
 import numpy as np
 
 from bench.docs import write_section
-from bench.serving import INPUT_DATA, ROOT, build_repository, warm_up
-from tools.front_door import FrontDoor, FrontDoorSettings
-from tools.triton_server import TritonServer, answers_ok, free_port
+from bench.errors import reports_errors
+from bench.harness import OPENAI_MODEL, build_repository, loopback_door, start_adapter, warm_up
+from bench.paths import INPUT_DATA, ROOT
+from tools.front_door import FrontDoor
+from tools.triton_server import TritonServer, free_port
 
 BEGIN, END = "<!-- openai:begin -->", "<!-- openai:end -->"
-MODEL = "planner_dp"
+MODEL = OPENAI_MODEL
 
 
 def kserve_body(text: str) -> bytes:
@@ -84,47 +86,6 @@ async def closed_loop(
         "p99_ms": float(np.percentile(done, 99) * 1e3) if len(done) else float("nan"),
         "errors": errors,
     }
-
-
-def start_adapter(server: TritonServer, port: int, log: Path):
-    import subprocess
-
-    from tools.triton_server import set_parent_death_signal
-
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "openai_api",
-            f"--triton-grpc=127.0.0.1:{server.grpc_port}",
-            f"--listen=127.0.0.1:{port}",
-            f"--model={MODEL}",
-        ],
-        cwd=ROOT,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=set_parent_death_signal,
-    )
-    deadline = time.monotonic() + 30
-    while not answers_ok(f"http://127.0.0.1:{port}/health"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the adapter did not start: {log.read_text()[-1000:]}")
-        time.sleep(0.1)
-    return process
-
-
-def loopback_door(server: TritonServer, openai_port: int) -> FrontDoorSettings:
-    """A front door on loopback ports of its own, in front of ``server`` and an adapter."""
-    return FrontDoorSettings(
-        triton_http_address=f"127.0.0.1:{server.http_port}",
-        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
-        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
-        openai_address=f"127.0.0.1:{openai_port}",
-        public_address="127.0.0.1",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-    )
 
 
 def openai_comparison(
@@ -192,6 +153,7 @@ def report(runs: list[tuple[str, dict[str, float]]], concurrency: int, seconds: 
     return "\n".join(lines)
 
 
+@reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=64)

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.serving import request_rows
+from bench.harness import request_rows
+from bench.paths import ROOT
 from python_backend.cost_models import cost_model_from_dict
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
 from python_backend.planner import PLANNERS, plan_cost
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

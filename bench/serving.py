@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import platform
 import sys
@@ -30,59 +29,26 @@ from pathlib import Path
 import numpy as np
 
 from bench.docs import write_section
-from builder.build import build
-from builder.spec import BuildError, BuildSpec
-from builder.triton_config import add_model_variant, write_config
+from bench.errors import reports_errors
+from bench.harness import (
+    MODELS,
+    PEER,
+    PEER_QUEUE_DELAY_US,
+    add_emulated_variant,
+    build_repository,
+    loopback_door,
+    measure,
+    print_point,
+    request_rows,
+    warm_up,
+)
+from bench.paths import DOC, ROOT
 from tools.front_door import FrontDoor
-from tools.perf_analyzer import run_perf_analyzer
 from tools.triton_server import TritonServer, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
-PEER = "dynamic_batcher"
-INPUT_DATA = ROOT / "bench" / "data" / "perf_input.json"
-SAMPLE = ROOT / "bench" / "data" / "sample_texts.txt"
-DOC = ROOT / "docs" / "PERFORMANCE.md"
 PLOT = ROOT / "docs" / "serving_throughput_p99.png"
 BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
 DOOR_BEGIN, DOOR_END = "<!-- front-door:begin -->", "<!-- front-door:end -->"
-PEER_MODEL_PY = '''"""The dynamic-batching peer (bench only): see bench/dynamic_batching_model.py."""
-
-from bench.dynamic_batching_model import TritonPythonModel
-
-__all__ = ["TritonPythonModel"]
-'''
-PEER_QUEUE_DELAY_US = 2000
-
-
-def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
-    """The three models over one set of engine files; returns (repository, the build's summary)."""
-    version = target / "planner_dp" / "1"
-    summary = target / "build-summary.txt"
-    if rebuild or not (version / "manifest.json").is_file() or not summary.is_file():
-        spec = BuildSpec(
-            name="planner_dp", repository=target, texts_file=SAMPLE, engine="onnxruntime"
-        )
-        try:
-            result = build(spec)
-        except BuildError as err:
-            sys.exit(f"the bench model failed to build: {err}")
-        summary.write_text("\n".join(result.summary()) + "\n")
-    add_model_variant(target, "planner_dp", "planner_per_bucket", {"planner": "per_bucket"})
-    peer = add_model_variant(target, "planner_dp", PEER, model_py=PEER_MODEL_PY)
-    peer.dynamic_batching.max_queue_delay_microseconds = PEER_QUEUE_DELAY_US
-    write_config(peer, target / PEER)
-    return target, summary.read_text().splitlines()
-
-
-def request_rows(version_dir: Path) -> list[np.ndarray]:
-    from python_backend.manifest import load_manifest
-    from python_backend.tokenization import TextTokenizer
-
-    manifest = load_manifest(version_dir)
-    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
-    texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
-    return tokenizer.encode(texts, truncate=True)
 
 
 def engine_only_limit(
@@ -149,71 +115,12 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def measure(
-    model: str,
-    url: str,
-    concurrency: int,
-    tmp: Path,
-    ms: int,
-    rate: float | None = None,
-    rows_per_request: int = 1,
-) -> tuple[dict, bool]:
-    """One point: stable within 30% over 3 windows if the shared machine allows, else the last
-    windows as they were (marked unstable in the table)."""
-    csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
-    # (windows at most, stability wanted): strict first; the shared machine may not allow it
-    for max_trials, stability in ((6, 30), (3, 1000)):
-        try:
-            row, _ = run_perf_analyzer(
-                model,
-                url,
-                INPUT_DATA,
-                concurrency,
-                csv_path,
-                measurement_ms=ms,
-                request_rate=rate,
-                max_trials=max_trials,
-                stability_percent=stability,
-                rows_per_request=rows_per_request,
-            )
-            return row, stability < 1000
-        except RuntimeError as err:
-            if "stable" not in str(err) or stability >= 1000:
-                raise
-    raise AssertionError("unreachable: the last attempt accepts any window")
-
-
-def print_point(label: str, row: dict) -> None:
-    print(
-        f"{label} {row['Inferences/Second']:8.1f} rows/s  p50 {row['p50 latency'] / 1e3:8.1f}  "
-        f"p99 {row['p99 latency'] / 1e3:8.1f} ms",
-        flush=True,
-    )
-
-
-def warm_up(server: TritonServer, tmp: Path, models, concurrency: int = 4) -> None:
-    """First forwards allocate (ONNX Runtime, for each new shape): a short unmeasured run per
-    model, at the concurrency that will be measured first when that is high."""
-    for model in models:
-        run_perf_analyzer(
-            model,
-            server.grpc_url,
-            INPUT_DATA,
-            concurrency,
-            tmp / "w.csv",
-            measurement_ms=1500,
-            max_trials=3,
-            stability_percent=1000,
-        )
-
-
 def front_door_comparison(
     server: TritonServer, tmp: Path, ms: int, concurrency: int = 64, rounds: int = 3
 ) -> list[tuple[str, dict, bool]]:
     """planner_dp at one concurrency on Triton's own gRPC port and through the front door,
     alternating (direct, door, direct, door, ...) so that the shared machine's drift falls on
     both alike."""
-    from bench.openai_cost import loopback_door
 
     settings = loopback_door(server, free_port())  # no adapter: /v1 is not measured here
     out = []
@@ -264,10 +171,7 @@ def emulated_runs(
 ) -> list[tuple[int, dict, bool]]:
     """planner_dp's queue and planner over an emulated engine (bench/emulated_engine.py) whose
     forwards take ``table``'s time ("zero": none): the server's own ceiling at GPU speed."""
-    from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
-
-    add_model_variant(repository, "planner_dp", "planner_emulated", model_py=EMULATED_MODEL_PY)
-    (repository / "planner_emulated" / "1" / TABLE_FILE).write_text(table + "\n")
+    add_emulated_variant(repository, "planner_dp", "planner_emulated", table)
     server = TritonServer(
         repository, free_port(), free_port(), free_port(), log_path=tmp / "triton-emulated.log"
     )
@@ -348,6 +252,7 @@ def code_comparison_report(
     return "\n".join(lines)
 
 
+@reports_errors
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")

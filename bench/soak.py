@@ -23,10 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.errors import BenchError, reports_errors
 from builder.corpus import corpus_rows
 from testkit.triton_clients import client, infer, text_inputs
-
-ROOT = Path(__file__).resolve().parents[1]
 
 TOLERANCE = 1e-4
 INVALID = [
@@ -164,7 +163,7 @@ def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
 
     model_dir = default_model_dir()
     if model_dir is None:
-        sys.exit("the reference model is not installed: run `make setup`")
+        raise BenchError("the reference model is not installed: run `make setup`")
     rows = TextTokenizer(model_dir / "tokenizer.json", 256).encode(texts, truncate=True)
     return dict(enumerate(run_rows_alone(load_model(model_dir), rows)))
 
@@ -189,6 +188,7 @@ def report(result: SoakResult, clients: int) -> str:
     return "\n".join(lines)
 
 
+@reports_errors
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120)

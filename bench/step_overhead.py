@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.paths import ROOT
 
 # runs inside the measured checkout: prints {rows: median seconds per step}
 PROGRAM = """

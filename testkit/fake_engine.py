@@ -64,7 +64,8 @@ class FakeChecksumEngine:
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         with self._called:
-            self.calls.append(input_ids.shape)
+            rows, length = input_ids.shape
+            self.calls.append((rows, length))
             self._called.notify_all()
         if self.gate is not None:
             self.gate.wait(10)

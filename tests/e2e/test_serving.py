@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from builder.corpus import corpus_rows
+from python_backend.contract import INSTANCE_LABEL
+from testkit.prometheus import Sample, samples_of, scrape
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, text_inputs
 from tests.e2e.conftest import start_server
 
 TOLERANCE = 1e-4
 
 
-def metric_values(server, name: str) -> dict[str, float]:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            labels, value = line.rsplit(" ", 1)
-            out[labels] = float(value)
-    return out
+def metric_samples(server, name: str, **labels: str) -> list[Sample]:
+    return samples_of(scrape(f"http://127.0.0.1:{server.metrics_port}/metrics"), name, **labels)
 
 
 # the model publishes metrics in batches, at most every 0.25 s (between forwards, or when its
@@ -36,8 +30,7 @@ SETTLE_S = 0.8
 def total(server, name: str, settle: bool = True, **labels) -> float:
     if settle:
         time.sleep(SETTLE_S)
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(v for k, v in metric_values(server, name).items() if all(w in k for w in want))
+    return sum(s.value for s in metric_samples(server, name, **labels))
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -111,17 +104,16 @@ def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference
 def test_metrics_report_tokens_plan_costs_and_latency(server):
     infer(client(server, "http"), "minilm", text_inputs("http", ["metrics please"]))
     time.sleep(SETTLE_S)
-    tokens = metric_values(server, "planner_tokens_total")
-    real = sum(v for k, v in tokens.items() if 'kind="real"' in k)
-    padded = sum(v for k, v in tokens.items() if 'kind="padded"' in k)
+    real = sum(s.value for s in metric_samples(server, "planner_tokens_total", kind="real"))
+    padded = sum(s.value for s in metric_samples(server, "planner_tokens_total", kind="padded"))
     assert 0 < real <= padded
     planned = total(server, "planner_plan_cost_total", plan="planned")
     baseline = total(server, "planner_plan_cost_total", plan="per_bucket")
     assert 0 < planned <= baseline * (1 + 1e-9)
     assert total(server, "planner_forward_seconds_count") >= 1
     # each model instance publishes its own queue depth (one per GPU on a node)
-    depth = metric_values(server, "planner_queue_rows")
-    assert any('model="minilm"' in k and 'model_instance="minilm_0' in k for k in depth), depth
+    depth = metric_samples(server, "planner_queue_rows", model="minilm")
+    assert any(s.labels[INSTANCE_LABEL].startswith("minilm_0") for s in depth), depth
 
 
 def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 
 from bench.ceiling_levers import lever_model
 from bench.emulated_engine import EMULATED_MODEL_PY
+from bench.errors import BenchError
 
 
 def test_instances_change_the_count_and_nothing_else():
@@ -30,5 +31,5 @@ def test_each_other_lever_is_one_stub_of_the_emulated_model(lever, expected):
 
 @pytest.mark.parametrize("lever", ["instances:0", "instances:x", "switch-interval:", "faster"])
 def test_an_unknown_lever_is_refused_naming_the_known_ones(lever):
-    with pytest.raises(SystemExit, match="known: instances:N, switch-interval:MS"):
+    with pytest.raises(BenchError, match="known: instances:N, switch-interval:MS"):
         lever_model(lever)

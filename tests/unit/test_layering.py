@@ -38,3 +38,87 @@ def test_bench_scripts_run_as_modules_without_patching_sys_path():
         if "sys.path" in path.read_text()
     ]
     assert not offenders
+
+
+def module_imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of its code (inside functions too), with
+    relative imports resolved: read with ``ast``, so strings that hold code never count."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def bench_graph() -> dict[str, set[str]]:
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for p in (ROOT / "bench").rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    return {name: module_imports(path) & set(modules) for name, path in modules.items()}
+
+
+def test_bench_imports_form_no_cycle():
+    graph = bench_graph()
+    text = "".join(path.read_text() for path in (ROOT / "bench").rglob("*.py"))
+    assert "importlib" not in text, "imports are read from the code: no importlib"
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+# the harness: what the benchmarks share, with no command line of its own
+HARNESS = (
+    "bench.paths",
+    "bench.errors",
+    "bench.harness",
+    "bench.cost_tables",
+    "bench.emulated_engine",
+)
+
+
+def test_the_harness_imports_no_command_line_module():
+    import ast
+
+    graph = bench_graph()
+    command_lines = {
+        name
+        for name in graph
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "main"
+            for node in ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text()).body
+        )
+    }
+    assert "bench.simulate" in command_lines  # the rule sees what it should
+    for module in HARNESS:
+        reached, frontier = set(), [module]
+        while frontier:
+            for target in graph[frontier.pop()] - reached:
+                reached.add(target)
+                frontier.append(target)
+        assert not reached & command_lines, (module, sorted(reached & command_lines))
+        assert module not in command_lines

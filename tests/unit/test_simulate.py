@@ -6,17 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.simulate import (
-    POLICIES,
+from bench.cost_tables import (
     PUBLISHED_BERT_BASE_FP16_MS,
     CostTable,
     fit_gpu_rule,
     gpu_table,
-    simulate,
 )
-from bench.simulate import (
+from bench.cost_tables import (
     linear_table as synthetic,
 )
+from bench.simulate import POLICIES, simulate
 
 LENGTHS = [5, 9, 13, 20, 31, 45, 60, 90, 128, 200, 256] * 10
 
@@ -102,7 +101,8 @@ def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
     r = simulate(LENGTHS, table, "dp", concurrency=64, seconds=5)  # over a cap would raise
     assert r.rows_per_s > 0
     # TensorRT's layout pads a forward to its next captured size, and is charged for it
-    from bench.simulate import TimedEngine, VirtualClock, tensorrt_layout
+    from bench.cost_tables import tensorrt_layout
+    from bench.simulate import TimedEngine, VirtualClock
 
     layout = tensorrt_layout()
     bucket = layout.buckets[0]
