@@ -24,23 +24,12 @@ import numpy as np
 from bench.emulated_engine import EMULATED_MODEL_PY
 from bench.errors import BenchError, reports_errors
 from bench.harness import add_emulated_variant, build_repository, measure, warm_up
+from bench.levers import PATCHES
 from bench.paths import ROOT
 from tools.triton_server import TritonServer
 
 AS_IS, PULLED = "lever_as_is", "lever_pulled"
 EMULATED_IMPORT = "from bench.emulated_model import EmulatedEngineModel as TritonPythonModel"
-
-PATCHES = {
-    "no-cancel-check-at-admit": (
-        "from python_backend.scheduler import Scheduler\n"
-        "Scheduler.admit = lambda self, collection: [o for o in collection if not o.done]\n"
-    ),
-    "no-cancel-check": (
-        "from python_backend.scheduler import Scheduler\n"
-        "Scheduler.admit = lambda self, collection: [o for o in collection if not o.done]\n"
-        "Scheduler._without_unwanted = lambda self, forward: forward\n"
-    ),
-}
 
 
 def lever_model(lever: str) -> tuple[str, int]:
@@ -51,7 +40,7 @@ def lever_model(lever: str) -> tuple[str, int]:
     if kind == "switch-interval" and value:
         prelude = f"import sys\nsys.setswitchinterval({float(value) / 1e3!r})\n"
     elif lever in PATCHES:
-        prelude = PATCHES[lever]
+        prelude = f"from bench.levers import pull\npull({lever!r})\n"
     else:
         raise BenchError(
             f"no lever {lever!r}; known: instances:N, switch-interval:MS, {', '.join(PATCHES)}"
@@ -82,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     row, _ = measure(
                         model, server.grpc_url, args.concurrency, tmp, args.seconds * 1000
                     )
-                    rates[model].append(row["Inferences/Second"])
+                    rates[model].append(row.rows_per_s)
     print(f"as it is: {', '.join(f'{x:.0f}' for x in rates[AS_IS])} rows/s")
     print(f"{args.lever}: {', '.join(f'{x:.0f}' for x in rates[PULLED])} rows/s")
     ratio = float(np.mean(rates[PULLED]) / np.mean(rates[AS_IS]))

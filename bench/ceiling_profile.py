@@ -36,7 +36,8 @@ from bench.cost_tables import gpu_table, read_lengths
 from bench.errors import reports_errors
 from bench.harness import add_emulated_variant, build_repository, measure, warm_up
 from bench.paths import LENGTHS, ROOT
-from bench.simulate import forward_stats, forwards_between, simulate
+from bench.sim.run import simulate
+from bench.sim.validation import forward_stats, forwards_between
 from tools.triton_server import TritonServer
 
 MODEL = "ceiling"
@@ -130,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             row, _ = measure(MODEL, server.grpc_url, args.concurrency, tmp, args.seconds * 1000)
             thread.join()
             after = json.loads(urllib.request.urlopen(stats_url).read())["model_stats"][0]
-            by_rows = {1: row["Inferences/Second"]}
+            by_rows = {1: row.rows_per_s}
             for rows in ROWS_PER_REQUEST:
                 clients = max(1, args.concurrency // rows)
                 at, _ = measure(
                     MODEL, server.grpc_url, clients, tmp, args.seconds * 1000, rows_per_request=rows
                 )
-                by_rows[rows] = at["Inferences/Second"]
+                by_rows[rows] = at.rows_per_s
             warm_up(server, tmp, (A30,), args.concurrency)
             metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
             forwards_before = forward_stats(metrics_url, A30)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.6)  # the model publishes its metrics every 0.25 s
             forwards_after = forward_stats(metrics_url, A30)
         inclusive, threads, total = by_function(raw)
-    rate = row["Inferences/Second"]
+    rate = row.rows_per_s
     requests = int(after["inference_count"]) - int(before["inference_count"])
     calls = int(after["execution_count"]) - int(before["execution_count"])
     print(
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     done = forwards_between(forwards_before, forwards_after).values()
     # busy fraction = forward seconds per row x rows per second
     busy = sum(d["seconds"] for d in done) / max(sum(d["rows"] for d in done), 1.0)
-    a30_rate = a30_row["Inferences/Second"]
+    a30_rate = a30_row.rows_per_s
     alone = simulate(
         read_lengths(LENGTHS), gpu_table("a30"), "dp", concurrency=args.concurrency, seconds=20
     ).rows_per_s

@@ -23,7 +23,7 @@ from builder.build import build
 from builder.spec import BuildError, BuildSpec
 from builder.triton_config import add_model_variant, write_config
 from tools.front_door import FrontDoorSettings
-from tools.perf_analyzer import run_perf_analyzer
+from tools.perf_analyzer import PerfPoint, run_perf_analyzer
 from tools.triton_server import TritonServer, answers_ok, free_port, set_parent_death_signal
 
 MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
@@ -76,7 +76,7 @@ def measure(
     ms: int,
     rate: float | None = None,
     rows_per_request: int = 1,
-) -> tuple[dict, bool]:
+) -> tuple[PerfPoint, bool]:
     """One point: stable within 30% over 3 windows if the shared machine allows, else the last
     windows as they were (marked unstable in the table)."""
     csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
@@ -102,10 +102,10 @@ def measure(
     raise AssertionError("unreachable: the last attempt accepts any window")
 
 
-def print_point(label: str, row: dict) -> None:
+def print_point(label: str, point: PerfPoint) -> None:
     print(
-        f"{label} {row['Inferences/Second']:8.1f} rows/s  p50 {row['p50 latency'] / 1e3:8.1f}  "
-        f"p99 {row['p99 latency'] / 1e3:8.1f} ms",
+        f"{label} {point.rows_per_s:8.1f} rows/s  p50 {point.p50_ms:8.1f}  "
+        f"p99 {point.p99_ms:8.1f} ms",
         flush=True,
     )
 

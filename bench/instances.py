@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             shares = " ".join(f"{rows[k] / total:.2f}" for k in sorted(rows))
             per_forward = sum(rows.values()) / max(sum(forwards.values()), 1.0)
             print(
-                f"{count:>9} {row['Inferences/Second']:>8.1f} {row['p50 latency'] / 1e3:>7.1f} "
-                f"{row['p99 latency'] / 1e3:>7.1f} {shares:>28} {per_forward:>12.1f}"
+                f"{count:>9} {row.rows_per_s:>8.1f} {row.p50_ms:>7.1f} "
+                f"{row.p99_ms:>7.1f} {shares:>28} {per_forward:>12.1f}"
                 + ("" if stable else "  (unstable)"),
                 flush=True,
             )

@@ -44,6 +44,7 @@ from bench.harness import (
 )
 from bench.paths import DOC, ROOT
 from tools.front_door import FrontDoor
+from tools.perf_analyzer import PerfPoint
 from tools.triton_server import TritonServer, free_port
 
 PLOT = ROOT / "docs" / "serving_throughput_p99.png"
@@ -117,7 +118,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
 def front_door_comparison(
     server: TritonServer, tmp: Path, ms: int, concurrency: int = 64, rounds: int = 3
-) -> list[tuple[str, dict, bool]]:
+) -> list[tuple[str, PerfPoint, bool]]:
     """planner_dp at one concurrency on Triton's own gRPC port and through the front door,
     alternating (direct, door, direct, door, ...) so that the shared machine's drift falls on
     both alike."""
@@ -134,7 +135,7 @@ def front_door_comparison(
     return out
 
 
-def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: int) -> str:
+def front_door_report(runs: list[tuple[str, PerfPoint, bool]], concurrency: int, ms: int) -> str:
     lines = [
         "## The front door's cost",
         "",
@@ -150,12 +151,11 @@ def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: 
     ]
     for k, (route, row, stable) in enumerate(runs):
         lines.append(
-            f"| {k // 2 + 1} | {route} | {row['Inferences/Second']:.1f} | "
-            f"{row['p50 latency'] / 1e3:.0f} | {row['p99 latency'] / 1e3:.0f} |"
-            + ("" if stable else " (unstable)")
+            f"| {k // 2 + 1} | {route} | {row.rows_per_s:.1f} | "
+            f"{row.p50_ms:.0f} | {row.p99_ms:.0f} |" + ("" if stable else " (unstable)")
         )
     mean = {
-        route: float(np.mean([r["Inferences/Second"] for name, r, _ in runs if name == route]))
+        route: float(np.mean([r.rows_per_s for name, r, _ in runs if name == route]))
         for route in ("direct", "front door")
     }
     lines += [
@@ -168,7 +168,7 @@ def front_door_report(runs: list[tuple[str, dict, bool]], concurrency: int, ms: 
 
 def emulated_runs(
     repository: Path, table: str, tmp: Path, ms: int, levels: list[int]
-) -> list[tuple[int, dict, bool]]:
+) -> list[tuple[int, PerfPoint, bool]]:
     """planner_dp's queue and planner over an emulated engine (bench/emulated_engine.py) whose
     forwards take ``table``'s time ("zero": none): the server's own ceiling at GPU speed."""
     add_emulated_variant(repository, "planner_dp", "planner_emulated", table)
@@ -187,7 +187,7 @@ def emulated_runs(
 
 def code_comparison(
     repository: Path, baseline_root: Path, tmp: Path, ms: int, levels: list[int], rounds: int = 3
-) -> list[tuple[int, str, dict, bool]]:
+) -> list[tuple[int, str, PerfPoint, bool]]:
     """planner_dp served by this checkout's code and by ``baseline_root``'s, on the same
     repository (the same engine files). Both servers run at once, the idle one asleep; each
     measurement of one is followed by the same measurement of the other, in an order that flips
@@ -221,7 +221,7 @@ def code_comparison(
 
 
 def code_comparison_report(
-    runs: list[tuple[int, str, dict, bool]], baseline_root: Path, levels: list[int], ms: int
+    runs: list[tuple[int, str, PerfPoint, bool]], baseline_root: Path, levels: list[int], ms: int
 ) -> str:
     lines = [
         "## This checkout beside a baseline checkout",
@@ -241,9 +241,9 @@ def code_comparison_report(
         means = {}
         for which in ("baseline", "this checkout"):
             rows = [r for cc, w, r, _ in runs if cc == c and w == which]
-            rates = [r["Inferences/Second"] for r in rows]
+            rates = [r.rows_per_s for r in rows]
             means[which] = float(np.mean(rates))
-            p99 = float(np.mean([r["p99 latency"] / 1e3 for r in rows]))
+            p99 = float(np.mean([r.p99_ms for r in rows]))
             ratio = means[which] / means["baseline"]
             lines.append(
                 f"| {c} | {which} | {', '.join(f'{x:.1f}' for x in rates)} | {means[which]:.1f} "
@@ -304,8 +304,8 @@ def main() -> int:
                 repository, args.emulated, Path(tmp), args.measurement_ms, levels
             ):
                 print(
-                    f"| {c} | {args.emulated} | {row['Inferences/Second']:.1f} | "
-                    f"{1e6 / row['Inferences/Second']:.0f} us |"
+                    f"| {c} | {args.emulated} | {row.rows_per_s:.1f} | "
+                    f"{1e6 / row.rows_per_s:.0f} us |"
                 )
             return 0
         if args.baseline_tree is not None:
@@ -336,10 +336,10 @@ def main() -> int:
                     row, stable = measure(model, server.grpc_url, c, Path(tmp), args.measurement_ms)
                     point = {
                         "concurrency": c,
-                        "rows_per_s": row["Inferences/Second"],
-                        "p50_ms": row["p50 latency"] / 1e3,
-                        "p90_ms": row["p90 latency"] / 1e3,
-                        "p99_ms": row["p99 latency"] / 1e3,
+                        "rows_per_s": row.rows_per_s,
+                        "p50_ms": row.p50_ms,
+                        "p90_ms": row.p90_ms,
+                        "p99_ms": row.p99_ms,
                         "stable": stable,
                     }
                     results[model].append(point)
@@ -355,7 +355,7 @@ def main() -> int:
                 row, stable = measure(
                     model, server.grpc_url, 1, Path(tmp), args.measurement_ms, rate=half_load
                 )
-                at_half[model] = (row["p50 latency"] / 1e3, row["p99 latency"] / 1e3, stable)
+                at_half[model] = (row.p50_ms, row.p99_ms, stable)
                 print(
                     f"rate {half_load:.1f}/s {model:<19} p50 {at_half[model][0]:8.1f}  "
                     f"p99 {at_half[model][1]:8.1f} ms",

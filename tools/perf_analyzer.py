@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,29 @@ def perf_analyzer_env() -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class PerfPoint:
+    """One perf_analyzer measurement, as the benchmarks read it: rates in rows (perf_analyzer's
+    Inferences/Second counts a request's batch of rows), latencies per request."""
+
+    rows_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    @classmethod
+    def from_csv_row(cls, row: dict[str, str]) -> PerfPoint:
+        def number(key: str) -> float:
+            return float(row[key])
+
+        return cls(
+            rows_per_s=number("Inferences/Second"),
+            p50_ms=number("p50 latency") / 1e3,  # the CSV's latencies are microseconds
+            p90_ms=number("p90 latency") / 1e3,
+            p99_ms=number("p99 latency") / 1e3,
+        )
+
+
 def run_perf_analyzer(
     model: str,
     grpc_url: str,
@@ -33,12 +57,12 @@ def run_perf_analyzer(
     timeout_s: float = 300,
     request_rate: float | None = None,
     rows_per_request: int = 1,
-) -> tuple[dict[str, float], str]:
+) -> tuple[PerfPoint, str]:
     """One point: ``concurrency`` requests in flight, or an offered ``request_rate`` per second;
     each request of ``rows_per_request`` rows (perf_analyzer's batch size: its Inferences/Second
     counts rows).
 
-    Returns (the CSV row as numbers, perf_analyzer's output)."""
+    Returns (the point, perf_analyzer's output)."""
     if not BINARY.is_file():
         raise FileNotFoundError(f"{BINARY} is missing: run `make setup`")
     command = [
@@ -71,4 +95,4 @@ def run_perf_analyzer(
         raise RuntimeError(f"perf_analyzer failed ({done.returncode}):\n{output[-3000:]}")
     with open(csv_path) as f:
         row = next(csv.DictReader(f))
-    return {k: float(v) for k, v in row.items() if v not in (None, "")}, output
+    return PerfPoint.from_csv_row(row), output

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from bench.simulate import EMULATED, server_time_per_row
+from bench.sim.validation import EMULATED, server_time_per_row
 from testkit.triton_clients import client, infer, text_inputs
 from tests.e2e.conftest import start_server
 

@@ -18,8 +18,8 @@ def test_instances_change_the_count_and_nothing_else():
     ("lever", "expected"),
     [
         ("switch-interval:0.5", "sys.setswitchinterval(0.0005)"),
-        ("no-cancel-check-at-admit", "Scheduler.admit = "),
-        ("no-cancel-check", "Scheduler._without_unwanted = "),
+        ("no-cancel-check-at-admit", "pull('no-cancel-check-at-admit')"),
+        ("no-cancel-check", "pull('no-cancel-check')"),
     ],
 )
 def test_each_other_lever_is_one_stub_of_the_emulated_model(lever, expected):
@@ -33,3 +33,16 @@ def test_each_other_lever_is_one_stub_of_the_emulated_model(lever, expected):
 def test_an_unknown_lever_is_refused_naming_the_known_ones(lever):
     with pytest.raises(BenchError, match="known: instances:N, switch-interval:MS"):
         lever_model(lever)
+
+
+def test_pulling_a_patch_lever_changes_the_scheduler_it_names(monkeypatch):
+    from bench.levers import pull
+    from python_backend.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "admit", Scheduler.admit)  # restored after the test
+    monkeypatch.setattr(Scheduler, "_without_unwanted", Scheduler._without_unwanted)
+    admit, without = Scheduler.admit, Scheduler._without_unwanted
+    pull("no-cancel-check-at-admit")
+    assert Scheduler.admit is not admit and Scheduler._without_unwanted is without
+    pull("no-cancel-check")
+    assert Scheduler._without_unwanted is not without

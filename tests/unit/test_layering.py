@@ -91,13 +91,16 @@ def test_bench_imports_form_no_cycle():
             visit(module, [module])
 
 
-# the harness: what the benchmarks share, with no command line of its own
+# below the command lines: the harness (what the benchmarks share) and the simulator's package
 HARNESS = (
     "bench.paths",
     "bench.errors",
     "bench.harness",
     "bench.cost_tables",
     "bench.emulated_engine",
+    "bench.sim.policies",
+    "bench.sim.run",
+    "bench.sim.validation",
 )
 
 

@@ -15,7 +15,8 @@ from bench.cost_tables import (
 from bench.cost_tables import (
     linear_table as synthetic,
 )
-from bench.simulate import POLICIES, simulate
+from bench.sim.policies import POLICIES
+from bench.sim.run import simulate
 
 LENGTHS = [5, 9, 13, 20, 31, 45, 60, 90, 128, 200, 256] * 10
 
@@ -78,7 +79,7 @@ def test_an_open_loop_counts_its_rate_in_rows_whatever_the_request_size():
 
 
 def test_the_served_forwards_are_compared_with_the_table_bucket_by_bucket():
-    from bench.simulate import served_over_calibrated
+    from bench.sim.validation import served_over_calibrated
 
     table = linear_table(1.0, 10.0)  # 1 ms + 10 us per padded token
     before = {32: {"forwards": 2.0, "rows": 8.0, "seconds": 1.0}}
@@ -102,7 +103,7 @@ def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
     assert r.rows_per_s > 0
     # TensorRT's layout pads a forward to its next captured size, and is charged for it
     from bench.cost_tables import tensorrt_layout
-    from bench.simulate import TimedEngine, VirtualClock
+    from bench.sim.run import TimedEngine, VirtualClock
 
     layout = tensorrt_layout()
     bucket = layout.buckets[0]

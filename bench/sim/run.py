@@ -1,0 +1,224 @@
+"""The simulation: the project's scheduler stepped on a virtual clock over an engine that only
+moves the clock by a cost table's time; closed or open loop; the highest rate under an SLO."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.cost_tables import (
+    CostTable,
+)
+from bench.sim.policies import make_policy
+from python_backend.cost_models import LinearCost
+from python_backend.engines.base import BucketLayout
+from python_backend.scheduler import Answer, Request, Scheduler
+
+# -- the simulation -----------------------------------------------------------------------------
+
+
+@dataclass
+class VirtualClock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedEngine:
+    """Computes nothing: a forward moves the virtual clock by the table's time for its shape,
+    plus the server's own time per row. Outputs are NaN: never real."""
+
+    output_name, output_dim = "EMBEDDING", 1
+
+    def __init__(
+        self, layout: BucketLayout, table: CostTable, clock: VirtualClock, server_s_per_row: float
+    ) -> None:
+        self.layout, self.table, self.clock = layout, table, clock
+        self.server_s_per_row = server_s_per_row
+        self.forwards: list[tuple[int, int, int]] = []  # (rows, padded length, real tokens)
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        rows, length = input_ids.shape
+        if rows > self.layout.max_rows(length):
+            raise ValueError(f"{rows} rows at {length} tokens: more than the layout's cap")
+        ran = self.layout.run_batch_size(length, rows)  # a captured size, where graphs exist
+        self.clock.now += self.table.seconds(ran, length) + rows * self.server_s_per_row
+        self.forwards.append((rows, length, int(attention_mask.sum())))
+        return np.full((rows, 1), np.nan, dtype=np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Result:
+    policy: str
+    seconds: float  # virtual time measured (after the warm-up)
+    latencies_s: list[float] = field(default_factory=list)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    forwards: int = 0
+    rows_per_request: int = 1
+
+    @property
+    def rows_per_s(self) -> float:
+        return len(self.latencies_s) * self.rows_per_request / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q) * 1e3) if self.latencies_s else math.nan
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "rows_per_s": self.rows_per_s,
+            "tokens_per_s": self.real_tokens / self.seconds,
+            "p50_ms": self.percentile_ms(50),
+            "p99_ms": self.percentile_ms(99),
+            "padding_efficiency": self.real_tokens / max(1, self.padded_tokens),
+            "forwards_per_s": self.forwards / self.seconds,
+        }
+
+
+def simulate(
+    lengths: Sequence[int],
+    table: CostTable,
+    policy: str,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    bursty: bool = False,
+    seconds: float = 60.0,
+    warmup_s: float = 5.0,
+    server_us_per_row: float = 0.0,
+    seed: int = 0,
+    round_trip_us: float = 0.0,
+    rows_per_request: int = 1,
+) -> Result:
+    """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop, rows/s)
+    is set. Each request holds ``rows_per_request`` rows, each of its own length; latencies are
+    per request. ``server_us_per_row`` is the server's own time per row at that many rows per
+    request (it is mostly per request: `server_time_per_row` measures it at the same size).
+    Forwards run on the table's layout: its buckets, its caps, its captured sizes."""
+    if (concurrency is None) == (rate is None):
+        raise ValueError("give exactly one of concurrency and rate")
+    if rows_per_request < 1:
+        raise ValueError("rows_per_request must be >= 1")
+    clock = VirtualClock()
+    layout = table.layout
+    engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6)
+    # the planner's cost model: the table's own fixed cost in tokens, as calibration would find it
+    scheduler = Scheduler(
+        engine,
+        pad_token_id=0,
+        cost=LinearCost(table.fixed_tokens),
+        max_batch=layout.max_batch,
+        max_queue_rows=10**9,
+        policy=make_policy(policy),
+        clock=clock,
+    )
+    rng = np.random.default_rng(seed)
+    result = Result(policy, seconds, rows_per_request=rows_per_request)
+    arrivals: list[tuple[float, int]] = []  # (time, sequence)
+    sequence = 0
+
+    def arrive_at(t: float) -> None:
+        nonlocal sequence
+        heapq.heappush(arrivals, (t, sequence))
+        sequence += 1
+
+    def respond_for(arrived: float) -> Callable[[object], None]:
+        def respond(outcome: object) -> None:
+            assert isinstance(outcome, Answer), outcome
+            if clock.now >= warmup_s:
+                result.latencies_s.append(clock.now - arrived)
+            if concurrency is not None:
+                # the answer's way out to the client and the next request's way in
+                arrive_at(clock.now + round_trip_us / 1e6)
+
+        return respond
+
+    if concurrency is not None:
+        for k in range(concurrency):
+            arrive_at(k * 1e-6)
+    else:
+        assert rate is not None
+        t = 0.0
+        while t < warmup_s + seconds:
+            burst = int(rng.integers(1, 17)) if bursty else 1
+            t += rng.exponential(burst * rows_per_request / rate)
+            for _ in range(burst):
+                arrive_at(t)
+    end = warmup_s + seconds
+    forwards_seen = 0
+    while clock.now < end:
+        while arrivals and arrivals[0][0] <= clock.now:
+            t, _ = heapq.heappop(arrivals)
+            request_rows = [
+                np.ones(int(lengths[int(rng.integers(len(lengths)))]), dtype=np.int64)
+                for _ in range(rows_per_request)
+            ]
+            now, clock.now = clock.now, t  # the request's own arrival time
+            scheduler.submit(Request(request_rows, respond_for(t)))
+            clock.now = now
+        wake = scheduler.wake_at
+        if scheduler.queued_rows and (wake is None or clock.now >= wake):
+            if not scheduler.step(clock.now) and (scheduler.wake_at or math.inf) <= clock.now:
+                raise RuntimeError(f"policy {policy} waits for a time already past")
+            for rows, length, real in engine.forwards[forwards_seen:]:
+                if clock.now >= warmup_s:
+                    result.forwards += 1
+                    result.real_tokens += real
+                    result.padded_tokens += rows * length
+            forwards_seen = len(engine.forwards)
+            continue
+        upcoming = [arrivals[0][0]] if arrivals else []
+        if scheduler.queued_rows and wake is not None:
+            upcoming.append(wake)
+        if not upcoming:
+            break
+        clock.now = max(clock.now, min(upcoming))
+    result.seconds = max(1e-9, min(clock.now, end) - warmup_s)
+    return result
+
+
+def best_under_slo(
+    lengths: Sequence[int],
+    table: CostTable,
+    policy: str,
+    slo_ms: float,
+    server_us_per_row: float,
+    requests: int = 2000,
+) -> tuple[float, float]:
+    """The highest open-loop rate (rows/s) that is served in full with p99 under ``slo_ms``:
+    (rate, p99 ms). Each trial simulates about ``requests`` requests."""
+
+    def holds(rate: float) -> tuple[bool, float]:
+        r = simulate(
+            lengths,
+            table,
+            policy,
+            rate=rate,
+            seconds=max(2.0, requests / rate),
+            warmup_s=min(5.0, 200 / rate),
+            server_us_per_row=server_us_per_row,
+        )
+        p99 = r.percentile_ms(99)
+        return p99 <= slo_ms and r.rows_per_s >= 0.95 * rate, p99
+
+    low, high, best = 0.0, 64.0, (0.0, math.nan)
+    while high < 1e6:  # double until the SLO breaks
+        ok, p99 = holds(high)
+        if not ok:
+            break
+        low, high, best = high, high * 2, (high, p99)
+    for _ in range(7):  # then halve the gap: to within 1/128 of the last doubling
+        mid = (low + high) / 2
+        ok, p99 = holds(mid)
+        if ok:
+            low, best = mid, (mid, p99)
+        else:
+            high = mid
+    return best
