@@ -102,3 +102,38 @@ def test_the_config_defaults_parse_to_the_documented_settings():
     parsed = settings_from_parameters({k: {"string_value": v} for k, v in CONFIG_DEFAULTS.items()})
     assert parsed == settings_from_parameters({})
     assert parsed.overhead_tokens is None and parsed.max_batch is None  # the manifest decides
+
+
+def test_no_setting_is_restated_in_code_outside_its_declaration():
+    """Every environment variable the launcher and door read is named only where it is declared
+    (non-Python copies are compared by test_compose and test_k8s); no model setting's default
+    is written beside its name anywhere else."""
+    import re
+    from pathlib import Path
+
+    from python_backend.settings import CONFIG_DEFAULTS
+    from tools.front_door import FrontDoorSettings, env_defaults
+    from tools.serve import ServeSettings
+
+    root = Path(__file__).resolve().parents[2]
+    sources = {
+        path: path.read_text()
+        for package in ("python_backend", "builder", "bench", "tools", "openai_api", "testkit")
+        for path in (root / package).rglob("*.py")
+    }
+    for declaration, home in ((FrontDoorSettings, "front_door.py"), (ServeSettings, "serve.py")):
+        for variable in env_defaults(declaration):
+            elsewhere = [
+                str(p.relative_to(root))
+                for p, text in sources.items()
+                if f'"{variable}"' in text and p.name != home
+            ]
+            assert not elsewhere, (variable, elsewhere)
+    for name, default in CONFIG_DEFAULTS.items():
+        pair = re.compile(rf'"{name}"\s*:\s*"{re.escape(default)}"')
+        elsewhere = [
+            str(p.relative_to(root))
+            for p, text in sources.items()
+            if pair.search(text) and p.name != "settings.py"
+        ]
+        assert not elsewhere, (name, elsewhere)
