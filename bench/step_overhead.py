@@ -6,9 +6,9 @@ another one (a worktree of an earlier commit), measured in alternation in one ru
 A step here is: submit N one-row requests of real-text-like lengths, then plan, pad, "run" (the
 engine returns zeros at once) and answer them all. What is left is the Python work around the
 engine: the queue, the planner, padding, scattering and answering. Each checkout runs in a
-process of its own (``python -c`` with that checkout on ``PYTHONPATH``), so two versions of the
-scheduler never meet in one interpreter; the program below speaks both the current step API and
-the earlier ``run_collection`` one.
+process of its own (``bench/step_probe.py`` of this checkout, run with that checkout on
+``PYTHONPATH``), so two versions of the scheduler never meet in one interpreter; the probe speaks
+both the current step API and the earlier ``run_collection`` one.
 """
 
 from __future__ import annotations
@@ -22,59 +22,15 @@ from pathlib import Path
 
 from bench.paths import ROOT
 
-# runs inside the measured checkout: prints {rows: median seconds per step}
-PROGRAM = """
-import json, sys, time
-import numpy as np
-import python_backend.scheduler as s
-from python_backend.cost_models import LinearCost
-from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket
-
-class FreeEngine:
-    output_name, output_dim = "EMBEDDING", 8
-    def __init__(self, layout):
-        self.layout = layout
-    def run(self, ids, mask):
-        return np.zeros((ids.shape[0], 8), np.float32)
-    def close(self):
-        pass
-
-sizes, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
-layout = BucketLayout(tuple(Bucket(t, 64, 16) for t in (16, 32, 64, 128, 256)), 256, 64, None)
-rng = np.random.default_rng(0)
-current = hasattr(s, "Request")
-result = {}
-for n in sizes:
-    rows = [rng.integers(1, 30000, int(k)) for k in np.minimum(rng.geometric(1 / 50, n), 256)]
-    scheduler = s.Scheduler(FreeEngine(layout), 0, LinearCost(300.0), 64, 10**9)
-    def step():
-        for row in rows:
-            if current:
-                scheduler.submit(s.Request([row], lambda outcome: None))
-            else:
-                scheduler.submit(s.PendingRequest([row], lambda outputs, tokens, error: None))
-        if current:
-            scheduler.step()
-        else:
-            with scheduler._cond:
-                taken, scheduler._queue, scheduler._queued_rows = scheduler._queue, [], 0
-            scheduler.run_collection(taken)
-    step()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - started)
-    result[n] = float(np.median(samples))
-print(json.dumps(result))
-"""
+# runs inside the measured checkout (its code on PYTHONPATH), this checkout's file: prints
+# {rows: median seconds per step}
+PROBE = Path(__file__).resolve().parent / "step_probe.py"
 
 
 def measure(code_root: Path, sizes: list[int], repeats: int) -> dict[int, float]:
     env = dict(os.environ, PYTHONPATH=str(code_root))
     out = subprocess.run(
-        [sys.executable, "-c", PROGRAM, json.dumps(sizes), str(repeats)],
+        [sys.executable, str(PROBE), json.dumps(sizes), str(repeats)],
         cwd=code_root,
         env=env,
         capture_output=True,
