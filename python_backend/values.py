@@ -28,38 +28,29 @@ def parse_bool(raw: str, name: str) -> bool:
     raise BadValue(f"{name} must be true or false, got {raw!r}")
 
 
-def int_at_least(minimum: int, empty: int | None = None) -> Parser:
-    """An integer >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
-
-    def parse(raw: str, name: str) -> int | None:
+def _at_least(convert: Callable[[str], Any], what: str, minimum: float, empty: Any) -> Parser:
+    def parse(raw: str, name: str) -> Any:
         if raw == "":
             return empty
         try:
-            value = int(raw)
+            value = convert(raw)
         except ValueError:
-            raise BadValue(f"{name} must be an integer, got {raw!r}") from None
-        if value < minimum:
-            raise BadValue(f"{name} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def number_at_least(minimum: float, empty: float | None = None) -> Parser:
-    """A number >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
-
-    def parse(raw: str, name: str) -> float | None:
-        if raw == "":
-            return empty
-        try:
-            value = float(raw)
-        except ValueError:
-            raise BadValue(f"{name} must be a number, got {raw!r}") from None
+            raise BadValue(f"{name} must be {what}, got {raw!r}") from None
         if not value >= minimum:  # NaN too
             raise BadValue(f"{name} must be >= {minimum:g}, got {value:g}")
         return value
 
     return parse
+
+
+def int_at_least(minimum: int, empty: int | None = None) -> Parser:
+    """An integer >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
+    return _at_least(int, "an integer", minimum, empty)
+
+
+def number_at_least(minimum: float, empty: float | None = None) -> Parser:
+    """A number >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
+    return _at_least(float, "a number", minimum, empty)
 
 
 def one_of(choices: tuple[str, ...]) -> Parser:
