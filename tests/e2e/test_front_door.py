@@ -358,8 +358,14 @@ def test_a_connection_flood_past_the_bound_is_refused_and_others_are_served(
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"authorization": "Bearer wrong-key-0123456789"}, {"authorization": API_KEY}],
-    ids=["none", "wrong", "not bearer"],
+    [
+        {},
+        {"authorization": "Bearer wrong-key-0123456789"},
+        {"authorization": API_KEY},
+        {"authorization": f"Bearer {API_KEY.upper()}"},  # the key with its letters' case changed
+        {"authorization": f"Bearer {API_KEY}x"},
+    ],
+    ids=["none", "wrong", "not bearer", "case changed", "longer"],
 )
 def test_inference_without_the_api_key_is_unauthenticated(stack, still_serving, protocol, headers):
     err = infer_error(
@@ -367,6 +373,18 @@ def test_inference_without_the_api_key_is_unauthenticated(stack, still_serving, 
     )
     assert str(err.status()) in ("401", "StatusCode.UNAUTHENTICATED"), err.status()
     assert "API key" in err.message()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_scheme_is_case_insensitive_and_the_key_exact(stack, protocol):
+    # "bearer" as well as "Bearer" (HTTP's schemes ignore case); the key itself exactly
+    embedding, _ = infer(
+        client(stack, protocol),
+        "minilm",
+        text_inputs(protocol, ["x"]),
+        headers={"authorization": f"bearer {API_KEY}"},
+    )
+    assert embedding.shape == (1, 384)
 
 
 def test_health_routes_stay_open_without_the_key(stack):

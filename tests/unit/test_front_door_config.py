@@ -95,7 +95,9 @@ def test_triton_restricts_every_management_api_with_the_admin_key():
     ]
 
 
-@pytest.mark.parametrize("api_key", ["", "0123456789abcdef0123"])
+@pytest.mark.parametrize(
+    "api_key", ["", "0123456789abcdef0123", "every.allowed+char/=~-_ 0123456789".replace(" ", "")]
+)
 def test_nginx_accepts_the_rendered_configuration(tmp_path, api_key):
     door = FrontDoor(settings(api_key=api_key), tmp_path / "nginx")
     try:
