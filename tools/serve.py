@@ -12,10 +12,13 @@
 - The watchdog sends a real one-row inference to each probed model every PROBE_INTERVAL_S and
   watches the model stubs. A Python-backend stub that died leaves Triton answering "ready" while
   every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
-  and the requests the dead stub held end with an error). Triton or nginx exiting on their own
-  ends this launcher with code 1 and a message; nothing of either is left running.
+  and the requests the dead stub held end with an error). Triton exiting on its own (a request
+  that crashes Triton 2.51, say) is restarted too, after a backoff that doubles from 1 s, and
+  the reason is logged; so is the OpenAI adapter. Past RESTART_LIMIT (5) failures within
+  RESTART_WINDOW_S (300 s), or when nginx exits, the launcher ends with code 1 and a message;
+  nothing of any part is left running.
 - The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
-  front door serves it at /v1 on the public HTTP port. If it exits, the launcher stops too.
+  front door serves it at /v1 on the public HTTP port.
 - `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
   deployment, whose front door and adapter are containers of their own.
 """
@@ -105,6 +108,25 @@ def probe_model(base_url: str, model: str, timeout_s: float) -> ProbeResult:
 
 
 @dataclass
+class RestartBudget:
+    """How often the launcher brings a failed part back: at most ``limit`` failures within
+    ``window_s`` (then it gives up, since something keeps killing it), each restart after a
+    backoff that doubles from 1 s to 30 s while failures come close together."""
+
+    limit: int = 5
+    window_s: float = 300.0
+    failures: list[float] = field(default_factory=list)  # monotonic times, inside the window
+
+    def record(self, now: float) -> bool:
+        """Counts a failure at ``now``; False when the budget is spent (the launcher exits)."""
+        self.failures = [t for t in self.failures if now - t < self.window_s] + [now]
+        return len(self.failures) < self.limit
+
+    def backoff_s(self) -> float:
+        return min(30.0, 2.0 ** max(0, len(self.failures) - 1))
+
+
+@dataclass
 class ServeSettings:
     """The launcher's settings; those an environment variable sets are declared here once, with
     their variable, default and parser (``front_door.read_env``)."""
@@ -134,6 +156,12 @@ class ServeSettings:
         default=10.0, metadata=from_env("PROBE_TIMEOUT_S", number_at_least(0.05))
     )
     exit_timeout_s: int = field(default=30, metadata=from_env("EXIT_TIMEOUT_S", int_at_least(1)))
+    # failures (Triton, a model stub, the adapter) within RESTART_WINDOW_S past which the
+    # launcher stops bringing them back and exits 1
+    restart_limit: int = field(default=5, metadata=from_env("RESTART_LIMIT", int_at_least(1)))
+    restart_window_s: float = field(
+        default=300.0, metadata=from_env("RESTART_WINDOW_S", number_at_least(1.0))
+    )
     state_dir: Path = ROOT / "build" / "serve"
 
 
@@ -149,6 +177,7 @@ class Launcher:
         self.stopping = False
         self.restarts = 0
         self.expected_stubs: set[int] = set()
+        self.budget = RestartBudget(settings.restart_limit, settings.restart_window_s)
 
     def log(self, message: str) -> None:
         print(f"[serve] {message}", flush=True)
@@ -207,6 +236,22 @@ class Launcher:
             if not result.healthy:
                 return f"probe of {model} failed: {result.detail}"
         return None
+
+    def spend_restart(self, what: str, reason: str) -> bool:
+        """Counts a failure; waits out the backoff (False: the budget is spent, or asked to
+        stop meanwhile)."""
+        if not self.budget.record(time.monotonic()):
+            self.log(
+                f"{what} failed ({reason}); {len(self.budget.failures)} failures within "
+                f"{self.budget.window_s:.0f} s: giving up, stopping everything"
+            )
+            return False
+        wait = self.budget.backoff_s()
+        self.log(f"{what} failed ({reason}); restarting it in {wait:.0f} s")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(0.1)
+        return not self.stopping
 
     def restart_triton(self, reason: str) -> None:
         assert self.triton is not None
@@ -268,21 +313,32 @@ class Launcher:
         while not self.stopping:
             time.sleep(0.1)
             if not self.triton_running():
-                self.log(self.triton_exit_message("unexpectedly") + "\nstopping everything")
-                return 1
+                self.log(self.triton_exit_message("unexpectedly"))
+                if not self.spend_restart("Triton", "it exited"):
+                    return 1 if not self.stopping else 0
+                self.restart_triton("it exited")
+                continue
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
                 return 1
             if self.adapter is not None and self.adapter.poll() is not None:
-                self.log(
-                    f"the OpenAI adapter exited unexpectedly (code {self.adapter.returncode}); "
-                    f"its log is {self.settings.state_dir / 'openai.log'}; stopping everything"
+                why = (
+                    f"exited with code {self.adapter.returncode}; its log is "
+                    f"{self.settings.state_dir / 'openai.log'}"
                 )
-                return 1
+                if not self.spend_restart("the OpenAI adapter", why):
+                    return 1 if not self.stopping else 0
+                assert self.settings.openai_port is not None
+                self.start_adapter(self.settings.openai_port)
+                continue
             if time.monotonic() >= next_probe:
-                reason = self.unhealthy_reason()
-                if reason is not None and not self.stopping:
-                    self.restart_triton(reason)
+                unhealthy = self.unhealthy_reason()
+                if unhealthy is not None and not self.stopping:
+                    # a dead stub is restarted at once: requests in flight already failed
+                    if not self.budget.record(time.monotonic()):
+                        self.log(f"the model failed ({unhealthy}) too often: stopping everything")
+                        return 1
+                    self.restart_triton(unhealthy)
                 next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
 

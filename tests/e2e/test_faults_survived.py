@@ -1,4 +1,5 @@
-"""Faults of the serving processes, survived: a dead model stub, a dead Triton.
+"""Faults of the serving processes, survived: a dead model stub, a dead Triton (brought back
+until its restart budget is spent).
 
 Each test runs its own deployment as `make serve` runs it (tests/e2e/stack.py).
 """
@@ -102,10 +103,25 @@ def test_a_killed_model_stub_fails_in_flight_requests_and_the_model_comes_back(
         assert stack.stop() == 0
 
 
-def test_a_killed_triton_ends_the_launcher_with_an_error_and_leaves_nothing_behind(
-    repository, tmp_path
+def wait_until_answered(stack, text: str, expected, timeout_s: float = 60.0) -> float:
+    """Seconds until the model answers ``text`` right again (the timeout: it never did)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        with contextlib.suppress(Exception):
+            embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
+            if np.abs(embedding - expected).max() <= TOLERANCE:
+                break
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_a_killed_triton_is_brought_back_and_a_spent_budget_ends_the_launcher(
+    repository, tmp_path, tokenizer, reference_model
 ):
-    stack = own_stack(repository, tmp_path)
+    # two failures within the window spend the budget: the first is survived, the second ends it
+    stack = own_stack(repository, tmp_path, RESTART_LIMIT="2", RESTART_WINDOW_S="600")
+    text = "back after Triton died"
+    expected = reference_model(tokenizer.encode([text], truncate=True))
     try:
         load = threading.Thread(
             target=lambda: [
@@ -119,17 +135,25 @@ def test_a_killed_triton_ends_the_launcher_with_an_error_and_leaves_nothing_behi
         )
         load.start()
         time.sleep(0.5)
-        triton = stack.triton_pid()
-        os.kill(triton, signal.SIGKILL)
-        code = stack.process.wait(timeout=60)
+        first = stack.triton_pid()
+        os.kill(first, signal.SIGKILL)
+        back_after = wait_until_answered(stack, text, expected)
         load.join(60)
+        assert back_after < 45, f"the model was not back after {back_after:.0f} s"
+        assert stack.process.poll() is None, "the launcher keeps serving"
+        second = stack.triton_pid()
+        assert second != first
+        assert "Triton failed (it exited); restarting it in" in stack.output()
+        os.kill(second, signal.SIGKILL)
+        code = stack.process.wait(timeout=60)
     finally:
         stack.stop()
     assert code == 1
-    assert "tritonserver exited unexpectedly" in stack.output()
+    assert "giving up, stopping everything" in stack.output()
     state = str(stack.state_dir)
     assert not processes_mentioning(state), processes_mentioning(state)  # nginx, Triton, stubs
-    assert not processes_mentioning(f" {triton} "), "no stub of the dead server is left"
+    for pid in (first, second):
+        assert not processes_mentioning(f" {pid} "), "no stub of a dead server is left"
 
 
 def _ignore_errors(call) -> None:

@@ -105,3 +105,17 @@ def test_nginx_accepts_the_rendered_configuration(tmp_path, api_key):
         door.check()  # raises FrontDoorError with nginx's message otherwise
     finally:
         door.stop()
+
+
+def test_the_restart_budget_backs_off_and_runs_out_within_its_window():
+    from tools.serve import RestartBudget
+
+    budget = RestartBudget(limit=3, window_s=100.0)
+    assert budget.record(0.0) and budget.backoff_s() == 1.0
+    assert budget.record(10.0) and budget.backoff_s() == 2.0
+    assert not budget.record(20.0), "the third failure within 100 s spends the budget"
+    fresh = RestartBudget(limit=3, window_s=100.0)
+    assert fresh.record(0.0) and fresh.record(10.0)
+    assert fresh.record(150.0), "failures older than the window no longer count"
+    assert fresh.failures == [150.0] and fresh.backoff_s() == 1.0
+    assert RestartBudget(limit=100, window_s=1e9, failures=[0.0] * 20).backoff_s() == 30.0
