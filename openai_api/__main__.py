@@ -9,6 +9,8 @@ import uvicorn
 
 from openai_api.app import create_app
 from openai_api.backend import TritonBackend
+from openai_api.protocol import InputLimits
+from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,9 +21,26 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", required=True, help="a served model it answers for (repeatable)"
     )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for Triton")
+    defaults = InputLimits()
+    parser.add_argument(
+        "--max-tokens-per-input",
+        type=int,
+        default=defaults.max_tokens_per_input,
+        help="tokens one input may hold (a text input: this many times "
+        f"{MAX_TEXT_BYTES_PER_TOKEN} UTF-8 bytes)",
+    )
+    parser.add_argument(
+        "--max-tokens-per-request",
+        type=int,
+        default=defaults.max_tokens_per_request,
+        help="token ids one request may hold, all inputs together",
+    )
     args = parser.parse_args(argv)
+    if args.max_tokens_per_input < 1 or args.max_tokens_per_request < 1:
+        parser.error("--max-tokens-per-input and --max-tokens-per-request must be >= 1")
     host, _, port = args.listen.rpartition(":")
-    app = create_app(TritonBackend(args.triton_grpc, args.model, args.timeout_s))
+    limits = InputLimits(args.max_tokens_per_input, args.max_tokens_per_request)
+    app = create_app(TritonBackend(args.triton_grpc, args.model, args.timeout_s), limits)
     uvicorn.run(
         app,
         host=host or "127.0.0.1",

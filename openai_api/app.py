@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,7 @@ from openai_api.backend import (
 )
 from openai_api.errors import OpenAIError, bad_request, error_body
 from openai_api.protocol import (
+    InputLimits,
     embeddings_response,
     model_card,
     parse_embeddings,
@@ -46,7 +48,10 @@ async def json_body(request: Request) -> Any:
         raise bad_request(f"the request body is not valid JSON: {err}") from None
 
 
-def create_app(backend: TritonBackend) -> Starlette:
+LOG = logging.getLogger("openai_api")
+
+
+def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Starlette:
     async def model_serving(name: str, output: str, refusal: str) -> ModelInfo:
         """The served model, if it answers ``output``; else a 400 saying what it answers."""
         info = await backend.info(name)
@@ -57,7 +62,7 @@ def create_app(backend: TritonBackend) -> Starlette:
         return info
 
     async def embeddings(request: Request) -> Response:
-        query = parse_embeddings(await json_body(request))
+        query = parse_embeddings(await json_body(request), limits)
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         vectors, tokens = await backend.embed(
@@ -93,8 +98,11 @@ def create_app(backend: TritonBackend) -> Starlette:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
+        # the client reads no exception text (it may hold the adapter's internals): the log does
+        LOG.error("internal error on %s", request.url.path, exc_info=exc)
         return JSONResponse(
-            error_body(f"internal error: {exc!r}", kind="server_error"), status_code=500
+            error_body("internal error: the adapter's log says why", kind="server_error"),
+            status_code=500,
         )
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -16,8 +16,27 @@ from typing import Any
 import numpy as np
 
 from openai_api.errors import bad_request
+from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+MAX_TOKEN_ID = 2**31 - 1  # token ids are vocabulary indices: far below this, never above int64
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What one request may ask for, checked before anything is padded, copied or sent: the
+    adapter's memory is then bounded by its body size (``--max-tokens-per-input``,
+    ``--max-tokens-per-request``; OpenAI's own limits by default)."""
+
+    max_tokens_per_input: int = 8192
+    max_tokens_per_request: int = 300_000
+
+    @property
+    def max_text_bytes_per_input(self) -> int:
+        """A text input's UTF-8 bytes, derived from the token cap as KServe's text rows are."""
+        return self.max_tokens_per_input * MAX_TEXT_BYTES_PER_TOKEN
+
+
 ENCODINGS = ("float", "base64")
 # NIM's `input_type`, onto the prompt names sentence-transformers models use for it
 INPUT_TYPES = {"query": "query", "passage": "passage", "document": "document"}
@@ -51,7 +70,31 @@ def _model(body: Any) -> str:
     return model
 
 
-def parse_embeddings(body: Any) -> EmbeddingsQuery:
+def _check_token_rows(rows: list[list[int]], limits: InputLimits) -> None:
+    total = 0
+    for i, row in enumerate(rows):
+        if len(row) > limits.max_tokens_per_input:
+            raise bad_request(
+                f"`input[{i}]` has {len(row)} tokens; at most {limits.max_tokens_per_input} an "
+                "input",
+                param="input",
+            )
+        bad = next((t for t in row if not 0 <= t <= MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise bad_request(
+                f"`input[{i}]` holds the token id {bad}: ids are integers from 0 to {MAX_TOKEN_ID}",
+                param="input",
+            )
+        total += len(row)
+    if total > limits.max_tokens_per_request:
+        raise bad_request(
+            f"`input` has {total} tokens; at most {limits.max_tokens_per_request} a request",
+            param="input",
+        )
+
+
+def parse_embeddings(body: Any, limits: InputLimits | None = None) -> EmbeddingsQuery:
+    limits = limits or InputLimits()
     model = _model(body)
     raw = body.get("input")
     texts: list[str] | None = None
@@ -82,6 +125,17 @@ def parse_embeddings(body: Any) -> EmbeddingsQuery:
         for i, text in enumerate(texts):
             if not text:
                 raise bad_request(f"`input[{i}]` is an empty string", param="input")
+            # a character is at most 4 UTF-8 bytes: only a long text needs encoding to count
+            if len(text) * 4 > limits.max_text_bytes_per_input:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if size > limits.max_text_bytes_per_input:
+                    raise bad_request(
+                        f"`input[{i}]` is {size} bytes; at most "
+                        f"{limits.max_text_bytes_per_input} a text input",
+                        param="input",
+                    )
+    if token_rows is not None:
+        _check_token_rows(token_rows, limits)
     encoding = body.get("encoding_format", "float")
     if encoding is None:
         encoding = "float"
@@ -98,7 +152,7 @@ def parse_embeddings(body: Any) -> EmbeddingsQuery:
         raise bad_request("`prompt_name` must be the name of a prompt", param="prompt_name")
     input_type = body.get("input_type")
     if input_type is not None:
-        if input_type not in INPUT_TYPES:
+        if not isinstance(input_type, str) or input_type not in INPUT_TYPES:
             raise bad_request(
                 f"`input_type` must be one of {', '.join(INPUT_TYPES)}, got {input_type!r}",
                 param="input_type",

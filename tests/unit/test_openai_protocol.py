@@ -51,6 +51,12 @@ def test_every_input_form_openai_accepts_is_parsed():
         ({"model": "m", "input": "a", "dimensions": 0}, "dimensions", "positive integer"),
         ({"model": "m", "input": "a", "dimensions": "64"}, "dimensions", "positive integer"),
         ({"model": "m", "input": "a", "input_type": "code"}, "input_type", "query, passage"),
+        ({"model": "m", "input": "a", "input_type": []}, "input_type", "query, passage"),
+        ({"model": "m", "input": [2**63]}, "input", "holds the token id 9223372036854775808"),
+        ({"model": "m", "input": [[5], [-1]]}, "input", "`input[1]` holds the token id -1"),
+        ({"model": "m", "input": [[1] * 8193]}, "input", "8193 tokens; at most 8192 an input"),
+        ({"model": "m", "input": [[1] * 8000] * 40}, "input", "at most 300000 a request"),
+        ({"model": "m", "input": ["é" * 200_000]}, "input", "400000 bytes; at most 262144"),
         ({"model": "m", "input": "a", "prompt_name": 5}, "prompt_name", "name of a prompt"),
         (
             {"model": "m", "input": "a", "prompt_name": "query", "input_type": "query"},
@@ -183,3 +189,34 @@ def test_rerank_results_are_sorted_best_first_with_their_indices():
         9,
     )
     assert [(r["index"], r["relevance_score"]) for r in top["results"]] == [(1, 2.0)]
+
+
+def test_the_caps_are_settings_and_a_text_just_under_them_passes():
+    from openai_api.protocol import InputLimits
+
+    tight = InputLimits(max_tokens_per_input=4, max_tokens_per_request=6)
+    with pytest.raises(OpenAIError, match="at most 6 a request"):
+        parse_embeddings({"model": "m", "input": [[1, 2, 3], [4, 5, 6, 7]]}, tight)
+    assert parse_embeddings({"model": "m", "input": [[1, 2, 3], [4, 5, 6]]}, tight).count == 2
+    at_cap = "x" * tight.max_text_bytes_per_input
+    assert parse_embeddings({"model": "m", "input": [at_cap]}, tight).count == 1
+    with pytest.raises(OpenAIError, match="bytes; at most"):
+        parse_embeddings({"model": "m", "input": [at_cap + "x"]}, tight)
+
+
+def test_an_unexpected_error_is_a_500_without_the_exceptions_text():
+    from starlette.testclient import TestClient
+
+    from openai_api.app import create_app
+
+    class Broken:
+        async def info(self, name):
+            raise RuntimeError("/secret/internal/path")
+
+        async def close(self):
+            return None
+
+    with TestClient(create_app(Broken()), raise_server_exceptions=False) as api:  # type: ignore[arg-type]
+        answer = api.post("/v1/embeddings", json={"model": "minilm", "input": "hi"})
+    assert answer.status_code == 500
+    assert "secret" not in answer.text and answer.json()["error"]["type"] == "server_error"
