@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
@@ -49,6 +50,32 @@ async def json_body(request: Request) -> Any:
 
 
 LOG = logging.getLogger("openai_api")
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_disconnected(request: Any, work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client disconnects first: then the work is cancelled (its
+    gRPC calls with it, so the model drops their rows before they cost a forward)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    return task.result()
 
 
 def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Starlette:
@@ -65,8 +92,8 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         query = parse_embeddings(await json_body(request), limits)
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
-        vectors, tokens = await backend.embed(
-            info, query.texts, query.token_rows, query.prompt_name
+        vectors, tokens = await unless_disconnected(
+            request, backend.embed(info, query.texts, query.token_rows, query.prompt_name)
         )
         if query.dimensions is not None and query.dimensions != info.output_dim:
             vectors = shorten(vectors, query.dimensions)
@@ -77,7 +104,9 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
     async def rerank(request: Request) -> Response:
         query = parse_rerank(await json_body(request))
         info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
-        scores, tokens = await backend.rerank(info, query.query, query.documents)
+        scores, tokens = await unless_disconnected(
+            request, backend.rerank(info, query.query, query.documents)
+        )
         return FastJSONResponse(rerank_response(query, scores, tokens))
 
     async def models(request: Request) -> Response:
@@ -96,6 +125,10 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
     async def openai_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, OpenAIError)
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # nobody reads it: nginx's 499, for the adapter's own access log
+        return Response(status_code=499)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         # the client reads no exception text (it may hold the adapter's internals): the log does
@@ -123,6 +156,7 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
 
     handlers: dict[Any, Any] = {
         OpenAIError: openai_error,
+        ClientGone: client_gone,
         404: not_found,
         405: not_allowed,
         Exception: unexpected,

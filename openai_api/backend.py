@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
@@ -15,6 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
 from python_backend.contract import FAMILY_OUTPUTS, NUM_TOKENS_OUTPUT, PAIR_INPUT, REQUEST_INPUTS
+
+T = TypeVar("T")
 
 EMBEDDING_OUTPUT = FAMILY_OUTPUTS["embedding"]
 SCORE_OUTPUT = FAMILY_OUTPUTS["reranker"]
@@ -49,6 +52,20 @@ def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
         dimensions=dimensions,
         created=created,
     )
+
+
+async def gather_or_cancel(*calls: Awaitable[T]) -> list[T]:
+    """Every call's result, in order; when one fails, the others still queued or running are
+    cancelled before the failure is raised (a gRPC call cancelled reaches the model, which drops
+    its rows before their forward): a refused request leaves no work behind."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class TritonBackend:
@@ -109,7 +126,7 @@ class TritonBackend:
         parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
         items: list[Any] = texts if texts is not None else list(token_rows or [])
         starts = range(0, len(items), info.max_rows)
-        parts = await asyncio.gather(
+        parts = await gather_or_cancel(
             *(
                 self._infer(info, items[a : a + info.max_rows], texts is not None, a, parameters)
                 for a in starts
@@ -123,7 +140,7 @@ class TritonBackend:
     ) -> tuple[np.ndarray, int]:
         """The score of (query, document) for each document, in their order, and the tokens."""
         pairs = [(query, d) for d in documents]
-        parts = await asyncio.gather(
+        parts = await gather_or_cancel(
             *(
                 self._infer(info, pairs[a : a + info.max_rows], True, a)
                 for a in range(0, len(pairs), info.max_rows)

@@ -220,3 +220,63 @@ def test_an_unexpected_error_is_a_500_without_the_exceptions_text():
         answer = api.post("/v1/embeddings", json={"model": "minilm", "input": "hi"})
     assert answer.status_code == 500
     assert "secret" not in answer.text and answer.json()["error"]["type"] == "server_error"
+
+
+def test_a_failed_chunk_cancels_the_chunks_still_running():
+    import asyncio
+
+    from openai_api.backend import gather_or_cancel
+
+    cancelled = []
+
+    async def slow(i):
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+
+    async def failing():
+        await asyncio.sleep(0.01)
+        raise OpenAIError(400, "row 0 is empty")
+
+    async def run():
+        with pytest.raises(OpenAIError, match="row 0 is empty"):
+            await gather_or_cancel(slow(1), failing(), slow(2))
+
+    asyncio.run(run())
+    assert sorted(cancelled) == [1, 2]
+
+
+def test_work_for_a_client_that_left_is_cancelled():
+    import asyncio
+
+    from openai_api.app import ClientGone, unless_disconnected
+
+    class Leaving:
+        async def receive(self):
+            await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}
+
+    class Staying:
+        async def receive(self):
+            await asyncio.sleep(10)
+            return {"type": "http.disconnect"}
+
+    cancelled = []
+
+    async def work(seconds):
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cancelled.append(seconds)
+            raise
+        return "answer"
+
+    async def run():
+        with pytest.raises(ClientGone):
+            await unless_disconnected(Leaving(), work(10))
+        assert await unless_disconnected(Staying(), work(0.01)) == "answer"
+
+    asyncio.run(run())
+    assert cancelled == [10]
