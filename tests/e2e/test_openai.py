@@ -5,6 +5,7 @@ counts; errors in OpenAI's shape, with the right status."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -288,3 +289,26 @@ def test_rerank_errors_are_openai_shaped(stack, body, status, words):
 def test_a_reranker_does_not_embed(api):
     with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
         api.embeddings.create(model="reranker", input="x")
+
+
+def test_a_request_refused_in_one_chunk_leaves_no_work_behind(stack, api):
+    """1344 token rows of 100 ids in 21 chunks of 64, one id outside the vocabulary in the first:
+    its chunk is refused at once, and the adapter cancels the others, which the model drops
+    before their forwards (about 10 s of this CPU's compute if they ran)."""
+    from tests.e2e.test_serving import total
+
+    rows = [[1000 + (i % 500)] * 100 for i in range(1344)]
+    rows[0][5] = 10**6  # beyond MiniLM's 30522 ids: the server refuses that chunk
+    before = total(stack, "planner_rows_total", model="minilm")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(model="minilm", input=rows)
+    assert "1000000" in str(refused.value)
+    deadline = time.monotonic() + 10  # what was already running finishes
+    computed = total(stack, "planner_rows_total", model="minilm") - before
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = total(stack, "planner_rows_total", model="minilm") - before
+        if now == computed:
+            break
+        computed = now
+    assert computed <= 64, f"{computed} rows computed after the refusal: at most one forward's"
