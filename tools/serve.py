@@ -237,7 +237,20 @@ class Launcher:
                 return f"probe of {model} failed: {result.detail}"
         return None
 
-    def spend_restart(self, what: str, reason: str) -> bool:
+    def bring_triton_back(self, reason: str, backoff: bool = True) -> bool:
+        """Restarts Triton until it is ready, each failure (one that dies while starting too)
+        counted against the budget; False when the budget is spent or a stop was asked."""
+        while True:
+            if not self.spend_restart("Triton", reason, backoff):
+                return False
+            try:
+                self.restart_triton(reason)
+                return not self.stopping
+            except RuntimeError as err:  # it died again before it was ready
+                self.log(str(err))
+                reason = "it exited while starting"
+
+    def spend_restart(self, what: str, reason: str, backoff: bool = True) -> bool:
         """Counts a failure; waits out the backoff (False: the budget is spent, or asked to
         stop meanwhile)."""
         if not self.budget.record(time.monotonic()):
@@ -246,7 +259,7 @@ class Launcher:
                 f"{self.budget.window_s:.0f} s: giving up, stopping everything"
             )
             return False
-        wait = self.budget.backoff_s()
+        wait = self.budget.backoff_s() if backoff else 0.0
         self.log(f"{what} failed ({reason}); restarting it in {wait:.0f} s")
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and not self.stopping:
@@ -314,9 +327,8 @@ class Launcher:
             time.sleep(0.1)
             if not self.triton_running():
                 self.log(self.triton_exit_message("unexpectedly"))
-                if not self.spend_restart("Triton", "it exited"):
+                if not self.bring_triton_back("it exited"):
                     return 1 if not self.stopping else 0
-                self.restart_triton("it exited")
                 continue
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
@@ -333,12 +345,13 @@ class Launcher:
                 continue
             if time.monotonic() >= next_probe:
                 unhealthy = self.unhealthy_reason()
-                if unhealthy is not None and not self.stopping:
-                    # a dead stub is restarted at once: requests in flight already failed
-                    if not self.budget.record(time.monotonic()):
-                        self.log(f"the model failed ({unhealthy}) too often: stopping everything")
-                        return 1
-                    self.restart_triton(unhealthy)
+                # a dead stub is restarted at once: requests in flight already failed
+                if (
+                    unhealthy is not None
+                    and not self.stopping
+                    and not self.bring_triton_back(unhealthy, backoff=False)
+                ):
+                    return 1 if not self.stopping else 0
                 next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
 

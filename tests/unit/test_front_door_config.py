@@ -119,3 +119,23 @@ def test_the_restart_budget_backs_off_and_runs_out_within_its_window():
     assert fresh.record(150.0), "failures older than the window no longer count"
     assert fresh.failures == [150.0] and fresh.backoff_s() == 1.0
     assert RestartBudget(limit=100, window_s=1e9, failures=[0.0] * 20).backoff_s() == 30.0
+
+
+def test_a_triton_that_dies_while_starting_is_retried_within_the_budget(tmp_path):
+    from tools.serve import Launcher, ServeSettings
+
+    launcher = Launcher(ServeSettings(tmp_path, ["m"], restart_limit=4, state_dir=tmp_path))
+    attempts = []
+
+    def restart(reason):
+        attempts.append(reason)
+        if len(attempts) < 3:
+            raise RuntimeError("tritonserver exited while starting (code -9)")
+
+    launcher.restart_triton = restart  # type: ignore[method-assign]
+    assert launcher.bring_triton_back("it exited", backoff=False)
+    assert attempts == ["it exited", "it exited while starting", "it exited while starting"]
+    assert len(launcher.budget.failures) == 3
+    # one more failure spends the budget of 4: the launcher gives up instead of looping
+    launcher.restart_triton = lambda reason: (_ for _ in ()).throw(RuntimeError("dead"))  # type: ignore[method-assign]
+    assert not launcher.bring_triton_back("it exited", backoff=False)
