@@ -21,31 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+from python_backend.contract import ENGINE_INPUTS
+
+if TYPE_CHECKING:  # the manifest derives its profiles here: types only, no import cycle
+    from python_backend.manifest import Bucket, LongRows
 
 Shape = tuple[int, int]  # [B, T]
-
-
-class BucketRows(Protocol):  # manifest.Bucket
-    @property
-    def length(self) -> int: ...
-    @property
-    def max_rows(self) -> int: ...
-    @property
-    def opt_rows(self) -> int: ...
-    @property
-    def captured_batch_sizes(self) -> tuple[int, ...]: ...
-
-
-class LongRowRange(Protocol):  # manifest.LongRows
-    @property
-    def max_rows(self) -> int: ...
-    @property
-    def opt_rows(self) -> int: ...
-    @property
-    def opt_length(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +58,6 @@ class EngineProfile:
 class EngineProfiles:
     input_names: tuple[str, ...]  # the graph's inputs, in order: [B, T] int64 each
     profiles: tuple[EngineProfile, ...]  # in TensorRT profile order (buckets, then long rows)
-
-    @property
-    def takes_token_types(self) -> bool:
-        return TOKEN_TYPE_INPUT in self.input_names
 
     @property
     def buckets(self) -> tuple[EngineProfile, ...]:
@@ -115,8 +94,8 @@ class EngineProfiles:
 
 
 def engine_profiles(
-    buckets: Sequence[BucketRows],
-    long_rows: LongRowRange | None,
+    buckets: Sequence[Bucket],
+    long_rows: LongRows | None,
     max_length: int,
     input_names: Sequence[str] = ENGINE_INPUTS,
 ) -> EngineProfiles:

@@ -23,6 +23,7 @@ from typing import Any
 from python_backend.contract import (
     ENGINE_INPUTS,
     FAMILIES,
+    FAMILY_CONTRACTS,
     FAMILY_OUTPUTS,
     TOKEN_TYPE_INPUT,
 )
@@ -287,13 +288,13 @@ def _input_names(data: dict[str, Any], version: int, family: str) -> tuple[str, 
         pair_input = data.get("pair_input", False)
         if not isinstance(pair_input, bool):
             raise ManifestError(f"manifest field 'pair_input' has the wrong type: {pair_input!r}")
-        if pair_input != (family == "reranker"):
+        if pair_input != FAMILY_CONTRACTS[family].takes_pairs:
             raise ManifestError(
                 "manifest field 'pair_input' is true exactly for the reranker family"
             )
-        return (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if pair_input else ENGINE_INPUTS
+        return FAMILY_CONTRACTS[family].input_names
     names = _require(data, "input_names", list)
-    expected = (*ENGINE_INPUTS, TOKEN_TYPE_INPUT) if family == "reranker" else ENGINE_INPUTS
+    expected = FAMILY_CONTRACTS[family].input_names
     if tuple(names) != expected:
         raise ManifestError(f"manifest field 'input_names' must be {list(expected)} for {family}")
     return expected

@@ -71,7 +71,6 @@ def matching(pattern: str, description: str) -> Parser:
             raise BadValue(f"{name} must be {description}")
         return raw
 
-    parse.pattern = pattern  # type: ignore[attr-defined]  # for tests comparing a copy
     return parse
 
 

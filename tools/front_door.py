@@ -49,18 +49,20 @@ class FrontDoorError(RuntimeError):
 
 
 API_KEY_RULE = "16 to 256 characters of A-Z a-z 0-9 . _ ~ + / = -"
-# the key as the env declares it: none (empty), or a key that needs no quoting in the config
-parse_api_key = matching(f"|{API_KEY_PATTERN.pattern}", f"{API_KEY_RULE} (or empty: no key)")
+# the one rule for a key: none (empty), or one that needs no quoting in the config
+parse_api_key = matching(
+    f"|{API_KEY_PATTERN.pattern}",
+    f"{API_KEY_RULE} (for example: openssl rand -hex 32), or empty for no key",
+)
 parse_size = matching(SIZE_PATTERN.pattern, "like 8m, 512k or 1048576")
 
 
 def check_api_key(key: str, name: str = "API_KEY") -> str:
-    if key and not API_KEY_PATTERN.fullmatch(key):
-        raise FrontDoorError(
-            f"{name} must be {API_KEY_RULE} "
-            f"(got {len(key)} characters); for example: openssl rand -hex 32"
-        )
-    return key
+    """``parse_api_key`` with the front door's error."""
+    try:
+        return str(parse_api_key(key, name))
+    except BadValue as err:
+        raise FrontDoorError(str(err)) from None
 
 
 def random_key() -> str:
@@ -89,13 +91,14 @@ def read_env(cls: type, env: dict[str, str] | None = None) -> dict[str, object]:
     return out
 
 
+def as_env_text(value: object) -> str:
+    """A setting's value as the environment writes it (booleans as true and false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def env_defaults(cls: type) -> dict[str, str]:
     """Each declared variable's default, as text: what compose and the manifests restate."""
-    out = {}
-    for f in declared(cls):
-        value = f.default
-        out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
-    return out
+    return {f.metadata["env"]: as_env_text(f.default) for f in declared(cls)}
 
 
 @dataclass(frozen=True)
@@ -131,12 +134,9 @@ class FrontDoorSettings:
     )
 
     def __post_init__(self) -> None:
-        check_api_key(self.api_key)
         for f in declared(FrontDoorSettings):  # built in code: the same rules as from the env
-            value = getattr(self, f.name)
-            raw = str(value).lower() if isinstance(value, bool) else str(value)
             try:
-                f.metadata["parse"](raw, f.metadata["env"])
+                f.metadata["parse"](as_env_text(getattr(self, f.name)), f.metadata["env"])
             except BadValue as err:
                 raise FrontDoorError(str(err)) from None
 

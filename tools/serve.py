@@ -42,7 +42,6 @@ from tools.front_door import (
     FrontDoor,
     FrontDoorError,
     FrontDoorSettings,
-    check_api_key,
     from_env,
     parse_api_key,
     random_key,
@@ -421,7 +420,6 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
             state_dir=args.state_dir,
             **env,  # type: ignore[arg-type]
         )
-        check_api_key(settings.admin_key, "TRITON_ADMIN_KEY")
         if args.no_front_door:
             settings.openai_port = None
             return settings
