@@ -55,12 +55,8 @@ def planned_opt_rows(
 ) -> OptChoice:
     """The layout's buckets and long-row profile with the opt batch the planner runs (above)."""
     buckets, long_rows = layout.buckets, layout.long_rows
-    if not sample:
-        return OptChoice(
-            tuple(replace(b, opt_rows=max(1, b.max_rows // 2)) for b in buckets),
-            long_rows,
-            {"method": "half of max rows (no length sample)"},
-        )
+    if not sample:  # the buckets as sized (builder.buckets.bucket_rows: half the max rows)
+        return OptChoice(buckets, long_rows, {"method": "half of max rows (no length sample)"})
     rng = np.random.default_rng(seed)
     lengths = np.minimum(np.asarray(sample, dtype=np.int64), layout.longest_row)
     sizes: defaultdict[int | None, list[int]] = defaultdict(list)  # bucket length -> group sizes
