@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,16 @@ def request_rows(version_dir: Path) -> list[np.ndarray]:
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
     texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
     return tokenizer.encode(texts, truncate=True)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One model measured at one concurrency: perf_analyzer's point, and whether its windows
+    settled (an unsettled one is marked in the tables)."""
+
+    concurrency: int
+    point: PerfPoint
+    stable: bool
 
 
 def measure(

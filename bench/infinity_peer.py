@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.docs import write_section
+from bench.docs import render, write_section
 from bench.errors import reports_errors
 from bench.harness import OPENAI_MODEL as MODEL
 from bench.harness import PEER, build_repository, loopback_door, start_adapter, warm_up
-from bench.openai_cost import closed_loop, kserve_body, openai_body
+from bench.openai_cost import LoopPoint, closed_loop, kserve_body, openai_body
 from bench.paths import INPUT_DATA, ROOT
 from tools.front_door import FrontDoor
 from tools.triton_server import TritonServer, answers_ok, free_port
@@ -77,7 +77,7 @@ def infinity_body(text: str) -> bytes:
     return json.dumps({"model": "minilm", "input": [text]}).encode()
 
 
-def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, dict]]:
+def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, LoopPoint]]:
     from builder.build import default_model_dir
 
     binary = ensure_infinity()
@@ -118,12 +118,7 @@ def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, 
                                 url, body = routes[name]
                                 point = asyncio.run(closed_loop(url, body, texts, c, seconds))
                                 out.append((c, name, point))
-                                print(
-                                    f"c={c:>3} {name:<32} {point['rows_per_s']:7.1f} rows/s  "
-                                    f"p50 {point['p50_ms']:7.1f}  p99 {point['p99_ms']:7.1f} ms "
-                                    f" errors {point['errors']:.0f}",
-                                    flush=True,
-                                )
+                                print(point.line(f"c={c:>3} {name:<32}"), flush=True)
             finally:
                 for process in (adapter, infinity):
                     process.terminate()
@@ -131,40 +126,36 @@ def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, 
     return out
 
 
-def report(runs: list[tuple[int, str, dict]], seconds: float, rounds: int) -> str:
+def report(runs: list[tuple[int, str, LoopPoint]], seconds: float, rounds: int) -> str:
     levels = sorted({c for c, _, _ in runs})
     names = list(dict.fromkeys(n for _, n, _ in runs))
-    lines = [
-        "### A served peer: Infinity",
-        "",
-        f"`python -m bench.infinity_peer --concurrency {','.join(map(str, levels))} "
-        f"--seconds {seconds:g} --rounds {rounds}` (part of `make bench`): the same MiniLM, on "
-        "this 2-core CPU, one aiohttp client of equal cost for all (one real text row per "
-        "request, every answer parsed); this project through the front door's `/v1/embeddings` "
-        "(ONNX Runtime, the DP planner), Triton's dynamic batcher through the front door's KServe "
-        "`infer` (ONNX Runtime, 2 ms queue delay), Infinity 0.0.78 on its own port (torch "
-        "engine, batch size 64). Means over the rounds:",
-        "",
+
+    def mean(c: int, name: str, field: str) -> float:
+        return float(np.mean([getattr(p, field) for cc, n, p in runs if cc == c and n == name]))
+
+    table = [
         "| concurrency | " + " | ".join(f"{n}: rows/s, p50, p99 ms" for n in names) + " |",
         "|---|" + "---|" * len(names),
     ]
     for c in levels:
-        cells = []
-        for n in names:
-            points = [p for cc, nn, p in runs if cc == c and nn == n]
-            rate = np.mean([p["rows_per_s"] for p in points])
-            p50 = np.mean([p["p50_ms"] for p in points])
-            p99 = np.mean([p["p99_ms"] for p in points])
-            cells.append(f"{rate:.1f}, {p50:.0f}, {p99:.0f}")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        cells = [
+            f"{mean(c, n, 'rows_per_s'):.1f}, {mean(c, n, 'p50_ms'):.0f}, {mean(c, n, 'p99_ms'):.0f}"
+            for n in names
+        ]
+        table.append(f"| {c} | " + " | ".join(cells) + " |")
     ours, infinity = names[0], names[-1]
-    ratios = []
-    for c in levels:
-        mine = np.mean([p["rows_per_s"] for cc, n, p in runs if cc == c and n == ours])
-        peer = np.mean([p["rows_per_s"] for cc, n, p in runs if cc == c and n == infinity])
-        ratios.append(f"{mine / peer:.2f}x at {c}")
-    lines += ["", f"This project over Infinity, rows/s: {', '.join(ratios)}."]
-    return "\n".join(lines)
+    ratios = [
+        f"{mean(c, ours, 'rows_per_s') / mean(c, infinity, 'rows_per_s'):.2f}x at {c}"
+        for c in levels
+    ]
+    return render(
+        "infinity_peer",
+        levels=",".join(map(str, levels)),
+        seconds=f"{seconds:g}",
+        rounds=rounds,
+        table="\n".join(table),
+        ratios=", ".join(ratios),
+    )
 
 
 @reports_errors

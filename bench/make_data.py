@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from bench.errors import BenchError, reports_errors
 from bench.paths import DATA
 from builder.corpus import corpus_rows
 
 
-def main() -> None:
+@reports_errors
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1000, help="rows in sample_texts.txt")
     parser.add_argument("--requests", type=int, default=500, help="requests in perf_input.json")
@@ -34,6 +37,7 @@ def main() -> None:
     (DATA / "perf_input.json").write_text(json.dumps(data, indent=0) + "\n")
     write_request_lengths(requests)
     print(f"wrote {len(sample)} sample rows and {len(requests)} requests to {DATA}")
+    return 0
 
 
 def write_request_lengths(requests: list[str]) -> Path:
@@ -42,7 +46,7 @@ def write_request_lengths(requests: list[str]) -> Path:
 
     model_dir = default_model_dir()
     if model_dir is None:
-        raise SystemExit("the MiniLM package is not installed: run `make setup`")
+        raise BenchError("the MiniLM package is not installed: run `make setup`")
     tokenizer = TextTokenizer(model_dir / "tokenizer.json", 256)
     lengths = [len(ids) for ids in tokenizer.encode(requests, truncate=True)]
     path = DATA / "request_lengths.txt"
@@ -51,4 +55,4 @@ def write_request_lengths(requests: list[str]) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,12 +19,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
-from bench.docs import write_section
+from bench.docs import render, write_section
 from bench.errors import reports_errors
 from bench.harness import OPENAI_MODEL, build_repository, loopback_door, start_adapter, warm_up
 from bench.paths import INPUT_DATA, ROOT
@@ -45,6 +46,23 @@ def openai_body(text: str) -> bytes:
     return json.dumps({"model": MODEL, "input": text, "encoding_format": "float"}).encode()
 
 
+@dataclass(frozen=True)
+class LoopPoint:
+    """What one closed loop of HTTP clients measured: answered rows per second, the latency of
+    the answered requests, and how many requests were refused."""
+
+    rows_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+    def line(self, label: str) -> str:
+        return (
+            f"{label} {self.rows_per_s:7.1f} rows/s  p50 {self.p50_ms:7.1f}  "
+            f"p99 {self.p99_ms:7.1f} ms  errors {self.errors}"
+        )
+
+
 async def closed_loop(
     url: str,
     body: Callable[[str], bytes],
@@ -52,7 +70,7 @@ async def closed_loop(
     concurrency: int,
     seconds: float,
     warmup_s: float = 1.0,
-) -> dict[str, float]:
+) -> LoopPoint:
     """Rows/s and latency percentiles of ``concurrency`` workers sending one row at a time."""
     latencies: list[float] = []
     errors = 0
@@ -80,17 +98,17 @@ async def closed_loop(
 
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
     done = np.array(latencies)
-    return {
-        "rows_per_s": len(done) / seconds,
-        "p50_ms": float(np.percentile(done, 50) * 1e3) if len(done) else float("nan"),
-        "p99_ms": float(np.percentile(done, 99) * 1e3) if len(done) else float("nan"),
-        "errors": errors,
-    }
+    return LoopPoint(
+        rows_per_s=len(done) / seconds,
+        p50_ms=float(np.percentile(done, 50) * 1e3) if len(done) else float("nan"),
+        p99_ms=float(np.percentile(done, 99) * 1e3) if len(done) else float("nan"),
+        errors=errors,
+    )
 
 
 def openai_comparison(
     server: TritonServer, tmp: Path, seconds: float, rounds: int, concurrency: int = 64
-) -> list[tuple[str, dict[str, float]]]:
+) -> list[tuple[str, LoopPoint]]:
     """Both routes through one front door, alternating; ``server`` must be running."""
     texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
     adapter_port = free_port()
@@ -110,47 +128,35 @@ def openai_comparison(
                     url, body = routes[name]
                     point = asyncio.run(closed_loop(url, body, texts, concurrency, seconds))
                     out.append((name, point))
-                    print(
-                        f"c={concurrency} {name:<22} {point['rows_per_s']:7.1f} rows/s  "
-                        f"p50 {point['p50_ms']:7.1f}  p99 {point['p99_ms']:7.1f} ms  "
-                        f"errors {point['errors']:.0f}",
-                        flush=True,
-                    )
+                    print(point.line(f"c={concurrency} {name:<22}"), flush=True)
     finally:
         adapter.terminate()
         adapter.wait(timeout=10)
     return out
 
 
-def report(runs: list[tuple[str, dict[str, float]]], concurrency: int, seconds: float) -> str:
+def report(runs: list[tuple[str, LoopPoint]], concurrency: int, seconds: float) -> str:
     names = list(dict.fromkeys(name for name, _ in runs))
-    mean = {n: float(np.mean([p["rows_per_s"] for m, p in runs if m == n])) for n in names}
-    lines = [
-        "### The OpenAI API's cost",
-        "",
-        f"`python -m bench.openai_cost --concurrency {concurrency} --seconds {seconds:g} "
-        f"--rounds {len(runs) // 2}` (part of `make bench`): the same model (`{MODEL}`, ONNX "
-        "Runtime on this 2-core CPU) through the same front door, one aiohttp client of equal "
-        "cost for both routes (one row per request, every answer parsed), routes alternating.",
-        "",
-        "| round | route | rows/s | p50 ms | p99 ms |",
-        "|---:|---|---:|---:|---:|",
-    ]
+    mean = {n: float(np.mean([p.rows_per_s for m, p in runs if m == n])) for n in names}
+    table = ["| round | route | rows/s | p50 ms | p99 ms |", "|---:|---|---:|---:|---:|"]
     for i, (name, p) in enumerate(runs):
-        lines.append(
-            f"| {i // 2 + 1} | {name} | {p['rows_per_s']:.1f} | {p['p50_ms']:.1f} | "
-            f"{p['p99_ms']:.1f} |"
+        table.append(
+            f"| {i // 2 + 1} | {name} | {p.rows_per_s:.1f} | {p.p50_ms:.1f} | {p.p99_ms:.1f} |"
         )
     kserve, openai = mean[names[0]], mean[names[1]]
     if names[0].startswith("OpenAI"):
         kserve, openai = openai, kserve
-    lines += [
-        "",
-        f"Mean throughput: KServe {kserve:.1f} rows/s, OpenAI {openai:.1f} rows/s: "
-        f"**{openai / kserve:.3f}x**. On this machine the adapter's process competes for the "
-        "same two cores as Triton, the model, nginx and the client.",
-    ]
-    return "\n".join(lines)
+    return render(
+        "openai_cost",
+        concurrency=concurrency,
+        seconds=f"{seconds:g}",
+        rounds=len(runs) // 2,
+        model=MODEL,
+        table="\n".join(table),
+        kserve=f"{kserve:.1f}",
+        openai=f"{openai:.1f}",
+        ratio=f"{openai / kserve:.3f}x",
+    )
 
 
 @reports_errors

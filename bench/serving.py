@@ -28,12 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.docs import write_section
+from bench.docs import render, write_section
 from bench.errors import reports_errors
 from bench.harness import (
     MODELS,
     PEER,
     PEER_QUEUE_DELAY_US,
+    LoadPoint,
     add_emulated_variant,
     build_repository,
     loopback_door,
@@ -87,7 +88,7 @@ def histogram(lengths: list[int]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
+def plot(results: dict[str, list[LoadPoint]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,13 +96,13 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for model, points in results.items():
-        xs = [p["p99_ms"] for p in points]
-        ys = [p["rows_per_s"] for p in points]
+        xs = [p.point.p99_ms for p in points]
+        ys = [p.point.rows_per_s for p in points]
         ax.plot(xs, ys, marker="o", label=model)
         for p in points:
             ax.annotate(
-                str(p["concurrency"]),
-                (p["p99_ms"], p["rows_per_s"]),
+                str(p.concurrency),
+                (p.point.p99_ms, p.point.rows_per_s),
                 fontsize=7,
                 textcoords="offset points",
                 xytext=(3, 3),
@@ -136,34 +137,32 @@ def front_door_comparison(
 
 
 def front_door_report(runs: list[tuple[str, PerfPoint, bool]], concurrency: int, ms: int) -> str:
-    lines = [
-        "## The front door's cost",
-        "",
-        f"    python -m bench.serving --front-door-only --measurement-ms {ms}"
-        "   # make bench runs it too, after the sweep",
-        "",
-        f"planner_dp at concurrency {concurrency}, perf_analyzer over gRPC, on Triton's own port "
-        "and through the front door (nginx, tools/front_door.py, default limits, no API key), "
-        "alternating within one run on one server:",
-        "",
+    table = [
         "| round | route | rows/s | p50 ms | p99 ms |",
         "|---|---|---|---|---|",
     ]
     for k, (route, row, stable) in enumerate(runs):
-        lines.append(
+        table.append(
             f"| {k // 2 + 1} | {route} | {row.rows_per_s:.1f} | "
-            f"{row.p50_ms:.0f} | {row.p99_ms:.0f} |" + ("" if stable else " (unstable)")
+            f"{row.p50_ms:.0f} | {row.p99_ms:.0f} |" + unstable_mark(stable)
         )
     mean = {
         route: float(np.mean([r.rows_per_s for name, r, _ in runs if name == route]))
         for route in ("direct", "front door")
     }
-    lines += [
-        "",
-        f"Mean throughput: direct {mean['direct']:.1f} rows/s, through the front door "
-        f"{mean['front door']:.1f} rows/s: **{mean['front door'] / mean['direct']:.3f}x**.",
-    ]
-    return "\n".join(lines)
+    return render(
+        "front_door",
+        ms=ms,
+        concurrency=concurrency,
+        table="\n".join(table),
+        direct=f"{mean['direct']:.1f}",
+        door=f"{mean['front door']:.1f}",
+        ratio=f"{mean['front door'] / mean['direct']:.3f}x",
+    )
+
+
+def unstable_mark(stable: bool) -> str:
+    return "" if stable else " (unstable)"
 
 
 def emulated_runs(
@@ -223,17 +222,7 @@ def code_comparison(
 def code_comparison_report(
     runs: list[tuple[int, str, PerfPoint, bool]], baseline_root: Path, levels: list[int], ms: int
 ) -> str:
-    lines = [
-        "## This checkout beside a baseline checkout",
-        "",
-        f"    python -m bench.serving --baseline-tree {baseline_root} --concurrency "
-        f"{','.join(map(str, levels))} --measurement-ms {ms} --rounds "
-        f"{len(runs) // (2 * len(levels))}",
-        "",
-        "planner_dp served from the same repository by each checkout's code, both servers "
-        f"running, measured in alternation, {len(runs) // (2 * len(levels))} rounds (each server "
-        f"warmed up at concurrency {max(levels)} first):",
-        "",
+    table = [
         "| concurrency | code | rows/s (each round) | mean rows/s | p99 ms (mean) | vs baseline |",
         "|---|---|---|---|---|---|",
     ]
@@ -245,11 +234,19 @@ def code_comparison_report(
             means[which] = float(np.mean(rates))
             p99 = float(np.mean([r.p99_ms for r in rows]))
             ratio = means[which] / means["baseline"]
-            lines.append(
+            table.append(
                 f"| {c} | {which} | {', '.join(f'{x:.1f}' for x in rates)} | {means[which]:.1f} "
                 f"| {p99:.0f} | {ratio:.3f}x |"
             )
-    return "\n".join(lines)
+    return render(
+        "code_comparison",
+        baseline=baseline_root,
+        levels=",".join(map(str, levels)),
+        ms=ms,
+        rounds=len(runs) // (2 * len(levels)),
+        warm_concurrency=max(levels),
+        table="\n".join(table),
+    )
 
 
 @reports_errors
@@ -294,7 +291,7 @@ def main() -> int:
         f"{np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, max {max(lengths)}"
     )
 
-    results: dict[str, list[dict]] = {m: [] for m in MODELS}
+    results: dict[str, list[LoadPoint]] = {m: [] for m in MODELS}
     with tempfile.TemporaryDirectory() as tmp:
         server = TritonServer(
             repository, free_port(), free_port(), free_port(), log_path=Path(tmp) / "triton.log"
@@ -334,41 +331,33 @@ def main() -> int:
             for c in levels:
                 for model in MODELS:
                     row, stable = measure(model, server.grpc_url, c, Path(tmp), args.measurement_ms)
-                    point = {
-                        "concurrency": c,
-                        "rows_per_s": row.rows_per_s,
-                        "p50_ms": row.p50_ms,
-                        "p90_ms": row.p90_ms,
-                        "p99_ms": row.p99_ms,
-                        "stable": stable,
-                    }
-                    results[model].append(point)
-                    print(
-                        f"c={c:>3} {model:<19} {point['rows_per_s']:7.1f} rows/s  "
-                        f"p50 {point['p50_ms']:8.1f}  p99 {point['p99_ms']:8.1f} ms",
-                        flush=True,
-                    )
+                    results[model].append(LoadPoint(c, row, stable))
+                    print_point(f"c={c:>3} {model:<19}", row)
             # the same offered load for both: half the peer's peak, which both can sustain
-            half_load = 0.5 * max(p["rows_per_s"] for p in results[PEER])
+            half_load = 0.5 * max(p.point.rows_per_s for p in results[PEER])
             at_half = {}
             for model in ("planner_dp", PEER):
                 row, stable = measure(
                     model, server.grpc_url, 1, Path(tmp), args.measurement_ms, rate=half_load
                 )
-                at_half[model] = (row.p50_ms, row.p99_ms, stable)
-                print(
-                    f"rate {half_load:.1f}/s {model:<19} p50 {at_half[model][0]:8.1f}  "
-                    f"p99 {at_half[model][1]:8.1f} ms",
-                    flush=True,
-                )
+                at_half[model] = LoadPoint(1, row, stable)
+                print_point(f"rate {half_load:.1f}/s {model:<19}", row)
             runs = front_door_comparison(server, Path(tmp), args.measurement_ms, rounds=args.rounds)
             from bench.openai_cost import openai_comparison
 
             openai_runs = openai_comparison(
                 server, Path(tmp), args.measurement_ms / 1000, args.rounds
             )
-    text = report(results, limit, mean_tokens, lengths, build_summary, levels, args)
-    text += "\n\n" + half_load_report(half_load, at_half)
+    text = report(
+        results,
+        limit,
+        lengths,
+        build_summary,
+        levels,
+        args.measurement_ms,
+        half_load,
+        at_half,
+    )
     door = front_door_report(runs, 64, args.measurement_ms)
     from bench import openai_cost
 
@@ -382,70 +371,62 @@ def main() -> int:
     return 0
 
 
-def report(results, limit, mean_tokens, lengths, build_summary, levels, args) -> str:
-    peer = {p["concurrency"]: p for p in results[PEER]}
-    lines = [
-        "## Serving: the planner beside Triton's dynamic batcher",
-        "",
-        f"    python -m bench.serving --concurrency {args.concurrency} --measurement-ms {args.measurement_ms}"
-        "   # or: make bench",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), no GPU; Triton 2.51.0 from "
-        "the nvidia-pytriton wheel; ONNX Runtime (CPU, fp32); MiniLM-L6 embeddings. One server held "
-        "the three models over the same engine files; perf_analyzer (gRPC, one real-text row per "
-        "request, the same requests for every model) measured each model in turn at each concurrency.",
-        "",
-        "- **planner_dp**: this project's model: own queue, exact DP planner, bucketed forwards.",
-        "- **planner_per_bucket**: the same queue, planner swapped for per-bucket grouping.",
-        f"- **dynamic_batcher**: the peer: Triton's `dynamic_batching` (max queue delay "
-        f"{PEER_QUEUE_DELAY_US} us, up to 64 rows), every batch padded to its longest row.",
-        "",
-        "The build for this corpus (buckets chosen from the sample's lengths):",
-        "",
-        *["    " + line for line in build_summary],
-        "",
-        f"Request lengths ({len(lengths)} rows, mean {mean_tokens:.1f} tokens):",
-        "",
-        histogram(lengths),
-        "",
-        "| concurrency | model | rows/s | real tokens/s | p50 ms | p90 ms | p99 ms | rows/s vs peer | p99 vs peer |",
+def report(
+    results: dict[str, list[LoadPoint]],
+    limit: float,
+    lengths: list[int],
+    build_summary: list[str],
+    levels: list[int],
+    ms: int,
+    half_rate: float,
+    at_half: dict[str, LoadPoint],
+) -> str:
+    mean_tokens = float(np.mean(lengths))
+    peer = {p.concurrency: p.point for p in results[PEER]}
+    table = [
+        "| concurrency | model | rows/s | real tokens/s | p50 ms | p90 ms | p99 ms "
+        "| rows/s vs peer | p99 vs peer |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in levels:
         for model in MODELS:
-            p = next(x for x in results[model] if x["concurrency"] == c)
-            ratio = p["rows_per_s"] / peer[c]["rows_per_s"]
-            p99_ratio = p["p99_ms"] / peer[c]["p99_ms"]
-            lines.append(
-                f"| {c} | {model} | {p['rows_per_s']:.1f} | {p['rows_per_s'] * mean_tokens:.0f} | "
-                f"{p['p50_ms']:.0f} | {p['p90_ms']:.0f} | {p['p99_ms']:.0f} | {ratio:.2f}x | {p99_ratio:.2f}x |"
-                + ("" if p["stable"] else " (unstable)")
+            measured = next(x for x in results[model] if x.concurrency == c)
+            p = measured.point
+            table.append(
+                f"| {c} | {model} | {p.rows_per_s:.1f} | {p.rows_per_s * mean_tokens:.0f} | "
+                f"{p.p50_ms:.0f} | {p.p90_ms:.0f} | {p.p99_ms:.0f} | "
+                f"{p.rows_per_s / peer[c].rows_per_s:.2f}x | {p.p99_ms / peer[c].p99_ms:.2f}x |"
+                + unstable_mark(measured.stable)
             )
-    best = max(p["rows_per_s"] for p in results["planner_dp"])
-    lines += [
-        "",
-        f"Engine-only limit (the same rows through the engine in the planner's groups of "
-        f"{max(levels)}-row collections, no server): {limit:.1f} rows/s, {limit * mean_tokens:.0f} "
-        f"real tokens/s. Server efficiency (best served over the limit): {best / limit:.0%}.",
-        "",
-        "![throughput against p99 latency](serving_throughput_p99.png)",
-    ]
-    return "\n".join(lines)
+    best = max(p.point.rows_per_s for p in results["planner_dp"])
+    return render(
+        "serving",
+        levels=",".join(map(str, levels)),
+        ms=ms,
+        machine=platform.machine(),
+        cores=os.cpu_count(),
+        peer_delay_us=PEER_QUEUE_DELAY_US,
+        build_summary="\n".join("    " + line for line in build_summary),
+        rows=len(lengths),
+        mean_tokens=f"{mean_tokens:.1f}",
+        histogram=histogram(lengths),
+        table="\n".join(table),
+        collection=max(levels),
+        limit=f"{limit:.1f}",
+        limit_tokens=f"{limit * mean_tokens:.0f}",
+        efficiency=f"{best / limit:.0%}",
+        half_rate=f"{half_rate:.1f}",
+        half_load_table=half_load_table(at_half),
+    )
 
 
-def half_load_report(rate: float, at_half: dict[str, tuple[float, float, bool]]) -> str:
-    lines = [
-        f"At half the peer's peak load ({rate:.1f} requests/s offered at a constant rate to each "
-        "model in turn, perf_analyzer `--request-rate-range`):",
-        "",
-        "| model | p50 ms | p99 ms | p99 vs peer |",
-        "|---|---|---|---|",
-    ]
-    for model, (p50, p99, stable) in at_half.items():
-        ratio = p99 / at_half[PEER][1]
+def half_load_table(at_half: dict[str, LoadPoint]) -> str:
+    lines = ["| model | p50 ms | p99 ms | p99 vs peer |", "|---|---|---|---|"]
+    for model, measured in at_half.items():
+        p = measured.point
         lines.append(
-            f"| {model} | {p50:.0f} | {p99:.0f} | {ratio:.2f}x |"
-            + ("" if stable else " (unstable)")
+            f"| {model} | {p.p50_ms:.0f} | {p.p99_ms:.0f} | "
+            f"{p.p99_ms / at_half[PEER].point.p99_ms:.2f}x |" + unstable_mark(measured.stable)
         )
     return "\n".join(lines)
 

@@ -45,7 +45,7 @@ from bench.cost_tables import (
     linear_table,
     read_lengths,
 )
-from bench.docs import write_section
+from bench.docs import render, write_section
 from bench.errors import reports_errors
 from bench.paths import LENGTHS, ROOT
 from bench.sim.policies import POLICIES
@@ -163,77 +163,15 @@ def bounded_wait(lengths: Sequence[int], us_per_row: float) -> str:
 
 def report(lengths: Sequence[int], ms: int, slo_ms: float, rounds: int = 2) -> str:
     validation, us_per_row = validate(lengths, ms, rounds)
-    sources = "\n".join(f"- {gpu_table(g).source}" for g in sorted(PUBLISHED_BERT_BASE_FP16_MS))
-    return "\n".join(
-        [
-            "## Simulation: the planner where a forward's fixed cost is large",
-            "",
-            "    make simulate   # = .venv/bin/python -m bench.simulate --report",
-            "",
-            "`bench/sim/` drives the project's own scheduler step by step on a virtual clock;",
-            "an engine that computes nothing moves the clock by a cost table's time for each forward,",
-            "plus the server's own time per row. Each table carries the layout its forwards run on:",
-            "a built model's own caps, or, for the GPU tables, a default TensorRT build's buckets,",
-            "caps and captured sizes (a forward is charged at the captured size that runs).",
-            "Requests: one row each, lengths replayed from",
-            "`bench/data/request_lengths.txt` (the benchmark's real-text requests). The peers'",
-            "batchers run as policies in this project's loop: an approximation of those servers.",
-            "",
-            "### Validation on this CPU",
-            "",
-            validation,
-            "",
-            "Each point is predicted from what a user of the simulator has: the model's calibrated",
-            "table (timed when it was built: batch sizes 1, 2, 4, 8, 16 and the max rows of each",
-            "bucket, each point for at least 0.2 s) and the server's own time per row, measured",
-            "at the start of the round by `server_time_per_row` (the model's config, queue and",
-            "planner over the emulated engine with a zero table, served by the real Triton in a",
-            "scratch repository). `python -m bench.simulate --cost manifest:DIR` measures it the",
-            "same way before it simulates.",
-            "",
-            "The last two columns find out where a miss comes from. *Served forwards / calibrated*:",
-            "the time the engine's forwards really took in the served run (the model's own",
-            "`planner_forward_seconds` per bucket), over what the calibrated table gives for the",
-            "same forwards. *Simulated with served forward times*: the same server model (queue,",
-            "planner, the server's time per row) with the table scaled by that ratio. Where the",
-            "plain simulation misses and this one lands close, the miss is the engine's own speed",
-            "beside Triton, the stub and the client on this shared 2-core machine, not the model",
-            "of the server.",
-            "",
-            "### GPU tables (derived from published measurements, not measured here)",
-            "",
-            "The rule t(B, T) = fixed + B*T*per_token + B*T^2*attention is fitted to NVIDIA's",
-            "published TensorRT BERT-base FP16 latencies (NVIDIA/TensorRT, demo/BERT/README.md,",
-            "average ms at sequence lengths 128 and 384, batch 1 to 128; the times leave out",
-            "host-device copies, so the fixed cost they imply is a lower bound), then scaled to",
-            "MiniLM-L6: fixed cost by layers (6/12), per-token cost by layers x hidden^2 (1/8),",
-            "attention by layers x hidden (1/4). The fixed cost is never scaled by length.",
-            "",
-            sources,
-            "",
-            "### The DP's gain as the fixed cost of a forward grows",
-            "",
-            "Rows/s at 64 clients, per-token cost of the A30 rule; server us/row 0 is the engine",
-            f"alone, {us_per_row:.0f} the server's own time per row as measured above:",
-            "",
-            gain_by_fixed_cost(lengths, us_per_row),
-            "",
-            "![simulated rows/s against the fixed cost of a forward](simulate_gain.png)",
-            "",
-            f"### Throughput under a p99 SLO of {slo_ms:.0f} ms (open loop, Poisson)",
-            "",
-            "Highest rate each policy sustains with p99 under the SLO, with the server's own time",
-            "per row left out (0: the engine alone) and included (as measured on this CPU):",
-            "",
-            throughput_under_slo(lengths, us_per_row, slo_ms),
-            "",
-            "### A bounded wait for a fuller collection",
-            "",
-            "The DP planner, waiting while fewer than 32 rows are queued, at most the given time",
-            f"past the oldest row's arrival (A30 table, the server's {us_per_row:.0f} us per row):",
-            "",
-            bounded_wait(lengths, us_per_row),
-        ]
+    return render(
+        "simulate",
+        validation=validation,
+        sources="\n".join(f"- {gpu_table(g).source}" for g in sorted(PUBLISHED_BERT_BASE_FP16_MS)),
+        us_per_row=f"{us_per_row:.0f}",
+        gain_table=gain_by_fixed_cost(lengths, us_per_row),
+        slo_ms=f"{slo_ms:.0f}",
+        slo_table=throughput_under_slo(lengths, us_per_row, slo_ms),
+        wait_table=bounded_wait(lengths, us_per_row),
     )
 
 
