@@ -113,6 +113,7 @@ class Reason(str, Enum):
     TIMEOUT = "timeout"  # the request's deadline passed before it ran
     CANCELLED = "cancelled"  # the client cancelled it
     SHUTDOWN = "shutdown"  # the model is stopping
+    OWNER_LOST = "owner_lost"  # the queue owner (or a stalled front) dropped it: retry
     FORWARD_FAILED = "forward_failed"  # a forward failed even for one row alone
     INTERNAL = "internal"  # a bug in the server (decoding or scheduling): never the client's
 
@@ -126,6 +127,7 @@ _KINDS = {
     Reason.TIMEOUT: ErrorKind.TIMEOUT,
     Reason.CANCELLED: ErrorKind.CANCELLED,
     Reason.SHUTDOWN: ErrorKind.SHUTDOWN,
+    Reason.OWNER_LOST: ErrorKind.SHUTDOWN,
     Reason.FORWARD_FAILED: ErrorKind.FAILED,
     Reason.INTERNAL: ErrorKind.FAILED,
 }

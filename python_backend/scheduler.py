@@ -373,10 +373,15 @@ class Scheduler:
 
     # -- the serving thread: a loop around step -------------------------------------------------
 
-    def start(self) -> None:
-        self._outbox = queue.SimpleQueue()
-        self._responder = threading.Thread(target=self._send_loop, name="responder", daemon=True)
-        self._responder.start()
+    def start(self, responder: bool = True) -> None:
+        """Starts the scheduler thread, and the responder thread unless ``responder`` is False
+        (for a ``respond`` that only hands the answer on, like the queue owner's)."""
+        if responder:
+            self._outbox = queue.SimpleQueue()
+            self._responder = threading.Thread(
+                target=self._send_loop, name="responder", daemon=True
+            )
+            self._responder.start()
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self._thread.start()
 

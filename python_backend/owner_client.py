@@ -1,0 +1,258 @@
+"""A front's side of the queue owner: submits decoded requests, delivers their answers.
+
+Triton's ``execute`` calls ``submit`` (it only appends and wakes the I/O thread); the I/O thread
+owns the DEALER socket: it sends everything pending as one message, reads answers and calls each
+request's ``respond`` (which sends its Triton response) exactly once. The work of asking Triton
+whether a client went away is here too, once per ``cancel_poll_s`` for the requests in flight:
+a cancelled one is told to the owner, which drops its rows before their forward.
+
+The owner can die or restart. The socket is ``immediate`` (nothing is queued for an owner that is
+not connected) and its monitor reports the disconnection at once: every request in flight is
+then answered ``owner_lost`` (503, retry), a request submitted while no owner runs is answered so
+at once, and ZeroMQ reconnects by itself when an owner binds again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from python_backend.contract import Reason, ServeError
+from python_backend.owner_wire import (
+    ANSWERS,
+    HEARTBEAT,
+    NO_DEADLINE,
+    WireError,
+    decode_answers,
+    encode_cancel,
+    encode_submit,
+)
+from python_backend.scheduler import Answer, Outcome
+
+HEARTBEAT_S = 0.5  # the owner takes a front silent for FRONT_SILENT_S (3 s) as gone
+CANCEL_POLL_S = 0.02  # how often the requests in flight are asked whether their client left
+
+
+@dataclass(slots=True)
+class _InFlight:
+    respond: Callable[[Outcome], None]
+    is_cancelled: Callable[[], bool]
+    cancel_sent: bool = False
+
+
+def _never() -> bool:
+    return False
+
+
+class OwnerClient:
+    def __init__(
+        self,
+        endpoint: str,
+        output_width: int,
+        cancel_poll_s: float = CANCEL_POLL_S,
+        log: Callable[[str], None] = lambda message: None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.output_width = output_width
+        self.cancel_poll_s = cancel_poll_s
+        self.log = log
+        self.identity = uuid.uuid4().bytes  # a new front process is a new front to the owner
+        self._ids = itertools.count()
+        self._outgoing: deque[tuple[int, list[np.ndarray], float, _InFlight]] = deque()
+        self._in_flight: dict[int, _InFlight] = {}
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_armed = False
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name="owner-client-io", daemon=True)
+        self._thread.start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """True once an owner is connected (a front may start before its owner)."""
+        return self._connected.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stops; whatever is still in flight is answered as a shutdown."""
+        self._stop.set()
+        os.eventfd_write(self._wake, 1)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        os.close(self._wake)
+
+    def submit(
+        self,
+        rows: list[np.ndarray],
+        respond: Callable[[Outcome], None],
+        timeout_s: float | None = None,
+        is_cancelled: Callable[[], bool] = _never,
+    ) -> None:
+        """Sends a request to the owner (soon, with whatever else is pending); ``respond`` is
+        called once, from the I/O thread, with its Answer or a ServeError."""
+        entry = _InFlight(respond, is_cancelled)
+        if self._stop.is_set():
+            self._answer(entry, ServeError(Reason.SHUTDOWN, "the model is stopping; retry"))
+            return
+        timeout = NO_DEADLINE if timeout_s is None else timeout_s
+        self._outgoing.append((next(self._ids), rows, timeout, entry))
+        if not self._wake_armed:  # one wake-up for everything submitted meanwhile
+            self._wake_armed = True
+            os.eventfd_write(self._wake, 1)
+
+    # -- the I/O thread ---------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        context: zmq.Context = zmq.Context.instance()
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, self.identity)
+        socket.setsockopt(zmq.IMMEDIATE, 1)  # no queue for an owner that is not there
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        socket.connect(self.endpoint)
+        poller = zmq.Poller()
+        for source in (socket, monitor, self._wake):
+            poller.register(source, zmq.POLLIN)
+        last_sent = last_polled = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(round(self.cancel_poll_s * 1000)))
+                if monitor in events:
+                    self._connection_events(monitor)
+                if socket in events:
+                    self._receive_all(socket)
+                if self._wake in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                    # after the read, before draining: a later submit finds it clear and wakes
+                    # the next poll; one that came earlier is in what is drained now
+                    self._wake_armed = False
+                if self._outgoing and self._send_pending(socket):
+                    last_sent = time.monotonic()
+                now = time.monotonic()
+                if now - last_polled >= self.cancel_poll_s:
+                    last_polled = now
+                    if self._send_cancellations(socket):
+                        last_sent = now
+                if now - last_sent >= HEARTBEAT_S and self._connected.is_set():
+                    with contextlib.suppress(zmq.Again):
+                        socket.send(HEARTBEAT, zmq.NOBLOCK)
+                    last_sent = now
+        finally:
+            self._fail_all(ServeError(Reason.SHUTDOWN, "the model is stopping; retry"))
+            socket.disable_monitor()
+            monitor.close(linger=0)
+            socket.close(linger=0)
+
+    def _connection_events(self, monitor: zmq.Socket) -> None:
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected.set()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected.clear()
+                self.log("the queue owner went away: the requests in flight are answered 503")
+                self._fail_in_flight(
+                    ServeError(
+                        Reason.OWNER_LOST,
+                        "the model's queue owner stopped before answering; retry",
+                    )
+                )
+
+    def _send_pending(self, socket: zmq.Socket) -> bool:
+        batch = []
+        while self._outgoing:
+            batch.append(self._outgoing.popleft())
+        frames = encode_submit(
+            [rid for rid, _, _, _ in batch],
+            [rows for _, rows, _, _ in batch],
+            [timeout for _, _, timeout, _ in batch],
+        )
+        try:
+            socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # no owner connected (starting, or restarting)
+            error = ServeError(Reason.OWNER_LOST, "the model's queue owner is not running; retry")
+            for _, _, _, entry in batch:
+                self._answer(entry, error)
+            return False
+        for rid, _, _, entry in batch:
+            self._in_flight[rid] = entry
+        return True
+
+    def _receive_all(self, socket: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            body = [f.buffer for f in frames]
+            if bytes(body[0]) != ANSWERS:
+                self.log(f"a message of unknown kind from the queue owner: {bytes(body[0])[:32]!r}")
+                continue
+            try:
+                answered, failed = decode_answers(body, self.output_width)
+            except WireError as err:
+                self.log(f"an answer from the queue owner did not decode: {err}")
+                continue
+            for a in answered:
+                entry = self._in_flight.pop(a.request_id, None)
+                if entry is not None:
+                    self._answer(entry, Answer(a.outputs, a.num_tokens))
+            for f in failed:
+                entry = self._in_flight.pop(f.request_id, None)
+                if entry is None:
+                    continue
+                error = f.error
+                if error.reason is Reason.CANCELLED and not entry.cancel_sent:
+                    # the owner dropped it because this front was silent (stopped, then resumed)
+                    error = ServeError(
+                        Reason.OWNER_LOST,
+                        "the model's front stalled and its queued request was dropped; retry",
+                    )
+                self._answer(entry, error)
+
+    def _send_cancellations(self, socket: zmq.Socket) -> bool:
+        cancelled = []
+        for rid, entry in self._in_flight.items():
+            if not entry.cancel_sent and entry.is_cancelled():
+                entry.cancel_sent = True
+                cancelled.append(rid)
+        if not cancelled:
+            return False
+        try:
+            socket.send_multipart(encode_cancel(cancelled), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False  # no owner: the disconnection answers them
+        return True
+
+    def _fail_in_flight(self, error: ServeError) -> None:
+        in_flight, self._in_flight = self._in_flight, {}
+        for entry in in_flight.values():
+            self._answer(entry, error)
+
+    def _fail_all(self, error: ServeError) -> None:
+        self._fail_in_flight(error)
+        while self._outgoing:
+            self._answer(self._outgoing.popleft()[3], error)
+
+    def _answer(self, entry: _InFlight, outcome: Outcome) -> None:
+        try:
+            entry.respond(outcome)
+        except Exception as err:  # one answer's failure must not end the thread
+            self.log(f"answering a request failed: {err!r}")

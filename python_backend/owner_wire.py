@@ -1,0 +1,186 @@
+"""The messages between the fronts and a queue owner: plain data, in batches, as numpy buffers.
+
+A message is one ZeroMQ multipart message: a kind frame, then numpy arrays sent as raw frames
+(each a column: no Python object per row crosses, and nothing is pickled). One message carries
+every request a front had pending, or every answer the owner had ready for one front, so the
+count of messages falls as load rises.
+
+- ``SUBMIT`` (front -> owner): request ids, rows per request, the seconds each may still wait
+  (NaN: no deadline), every row's length, and every row's token ids end to end.
+- ``CANCEL`` (front -> owner): the ids of requests whose clients went away.
+- ``HEARTBEAT`` (front -> owner): nothing; a front that sent nothing else for a while.
+- ``ANSWERS`` (owner -> front): the ids answered with outputs, their rows, the outputs [rows, D]
+  end to end and each row's token count; then the failures, as JSON (id, reason, message):
+  they are few and carry text.
+
+The frames are decoded with their dtypes and checked for agreement (counts, lengths): a front
+and an owner are one deployment's processes, but a torn or mismatched message must fail loudly,
+never misassign a row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from python_backend.contract import Reason, ServeError
+
+SUBMIT, CANCEL, ANSWERS = b"submit", b"cancel", b"answers"
+HEARTBEAT = b"alive"  # a front with nothing to send says it still runs
+TOKEN_DTYPE = np.int32  # vocabularies stay far below 2**31; the engines take int64
+NO_DEADLINE = math.nan
+
+
+Frame = bytes | memoryview  # what ZeroMQ sends and receives: bytes, or a view of raw bytes
+
+
+def _raw(values: np.ndarray) -> Frame:
+    """A column as a frame: its bytes, not copied (an empty one is b"")."""
+    if values.size == 0:
+        return b""
+    return np.ascontiguousarray(values).reshape(-1).data.cast("B")
+
+
+class WireError(ValueError):
+    """A message that does not decode: its frames disagree or are of the wrong size."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One request as the owner receives it."""
+
+    request_id: int
+    rows: list[np.ndarray]  # int64 token ids per row (views into one buffer)
+    timeout_s: float | None  # seconds it may still wait, measured when the front sent it
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One request's outputs as the front receives them."""
+
+    request_id: int
+    outputs: np.ndarray  # [rows, D] float32
+    num_tokens: np.ndarray  # [rows] int32
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int
+    error: ServeError
+
+
+def _column(frame: Frame, dtype: type, what: str) -> np.ndarray:
+    size = np.dtype(dtype).itemsize
+    if len(frame) % size:
+        raise WireError(f"{what}: {len(frame)} bytes is not a whole number of {dtype.__name__}")
+    return np.frombuffer(frame, dtype=dtype)
+
+
+def encode_submit(
+    request_ids: Sequence[int], rows: Sequence[Sequence[np.ndarray]], timeouts_s: Sequence[float]
+) -> list[Frame]:
+    """One SUBMIT message for these requests (rows[i] are request i's token-id rows)."""
+    lengths = [len(r) for request in rows for r in request]
+    ids = (
+        np.concatenate([r for request in rows for r in request]).astype(TOKEN_DTYPE, copy=False)
+        if lengths
+        else np.empty(0, TOKEN_DTYPE)
+    )
+    return [
+        SUBMIT,
+        _raw(np.asarray(request_ids, np.int64)),
+        _raw(np.fromiter((len(request) for request in rows), np.int32, len(rows))),
+        _raw(np.asarray(timeouts_s, np.float64)),
+        _raw(np.asarray(lengths, np.int32)),
+        _raw(ids),
+    ]
+
+
+def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
+    if len(frames) != 6 or bytes(frames[0]) != SUBMIT:
+        raise WireError(f"a submit message has 6 frames, this one {len(frames)}")
+    request_ids = _column(frames[1], np.int64, "request ids")
+    rows_per = _column(frames[2], np.int32, "rows per request")
+    timeouts = _column(frames[3], np.float64, "timeouts")
+    lengths = _column(frames[4], np.int32, "row lengths")
+    tokens = _column(frames[5], TOKEN_DTYPE, "token ids")
+    if not len(request_ids) == len(rows_per) == len(timeouts):
+        raise WireError("request ids, rows per request and timeouts differ in count")
+    if int(rows_per.sum()) != len(lengths) or int(lengths.sum()) != len(tokens):
+        raise WireError("the rows' lengths do not cover the token ids")
+    if (rows_per < 1).any() or (lengths < 1).any():
+        raise WireError("a request with no rows or a row with no tokens")
+    wide = tokens.astype(np.int64)  # one conversion for the whole message
+    rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
+    out, at = [], 0
+    for request_id, n, timeout in zip(
+        request_ids.tolist(), rows_per.tolist(), timeouts.tolist(), strict=True
+    ):
+        out.append(
+            Submitted(request_id, rows[at : at + n], None if math.isnan(timeout) else timeout)
+        )
+        at += n
+    return out
+
+
+def encode_cancel(request_ids: Sequence[int]) -> list[Frame]:
+    return [CANCEL, _raw(np.asarray(request_ids, np.int64))]
+
+
+def decode_cancel(frames: Sequence[Frame]) -> list[int]:
+    if len(frames) != 2 or bytes(frames[0]) != CANCEL:
+        raise WireError(f"a cancel message has 2 frames, this one {len(frames)}")
+    return _column(frames[1], np.int64, "request ids").tolist()
+
+
+def encode_answers(
+    answered: Sequence[Answered], failed: Sequence[Failed], width: int
+) -> list[Frame]:
+    """One ANSWERS message; ``width`` is D, the outputs' second dimension."""
+    outputs = (
+        np.concatenate([a.outputs for a in answered]).astype(np.float32, copy=False)
+        if answered
+        else np.empty((0, width), np.float32)
+    )
+    errors = [[f.request_id, f.error.reason.value, str(f.error)] for f in failed]
+    num_tokens = (
+        np.concatenate([a.num_tokens for a in answered]).astype(np.int32, copy=False)
+        if answered
+        else np.empty(0, np.int32)
+    )
+    return [
+        ANSWERS,
+        _raw(np.asarray([a.request_id for a in answered], np.int64)),
+        _raw(np.fromiter((len(a.outputs) for a in answered), np.int32, len(answered))),
+        _raw(outputs),
+        _raw(num_tokens),
+        json.dumps(errors).encode(),
+    ]
+
+
+def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered], list[Failed]]:
+    if len(frames) != 6 or bytes(frames[0]) != ANSWERS:
+        raise WireError(f"an answers message has 6 frames, this one {len(frames)}")
+    request_ids = _column(frames[1], np.int64, "request ids")
+    rows_per = _column(frames[2], np.int32, "rows per request")
+    outputs = _column(frames[3], np.float32, "outputs")
+    num_tokens = _column(frames[4], np.int32, "token counts")
+    total = int(rows_per.sum())
+    if len(request_ids) != len(rows_per) or len(num_tokens) != total:
+        raise WireError("answered ids, rows and token counts differ in count")
+    if len(outputs) != total * width:
+        raise WireError(f"{len(outputs)} output values for {total} rows of width {width}")
+    outputs = outputs.reshape(total, width)
+    answered, at = [], 0
+    for request_id, n in zip(request_ids.tolist(), rows_per.tolist(), strict=True):
+        answered.append(Answered(request_id, outputs[at : at + n], num_tokens[at : at + n]))
+        at += n
+    failed = [
+        Failed(int(request_id), ServeError(Reason(reason), message))
+        for request_id, reason, message in json.loads(bytes(frames[5]))
+    ]
+    return answered, failed

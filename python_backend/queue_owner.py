@@ -1,0 +1,259 @@
+"""The queue owner: the one process per GPU that sees every row, fed by many front processes.
+
+The fronts do the work that scales with requests (decoding, tokenizing, answering Triton); the
+owner does what must see every row: the queue, the planner, the engine (``Scheduler``). Between
+them, ZeroMQ over a Unix socket: the owner binds a ROUTER, each front connects a DEALER, and each
+message is a batch (``owner_wire``): everything a front had pending, every answer ready for one
+front.
+
+One I/O thread owns the socket (ZeroMQ sockets are not shared between threads). It decodes each
+SUBMIT into scheduler requests; the scheduler's responder hands each answer back to it through
+a queue and an eventfd, and it sends whatever has accumulated for a front as one message. A
+request's cancellation is a set lookup here (the front asks Triton and sends CANCEL), so the
+scheduler's checks before each forward cost no message.
+
+A front that dies or stops (SIGSTOP) sends nothing: after ``FRONT_SILENT_S`` without a message
+from it (fronts send a heartbeat when idle), its queued requests are dropped before they cost a
+forward, answered as cancelled; whatever reaches a front that is gone is dropped by ZeroMQ
+(``EHOSTUNREACH``), and a front that resumes reads its answers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+
+import zmq
+
+from python_backend.contract import Reason, ServeError
+from python_backend.owner_wire import (
+    CANCEL,
+    HEARTBEAT,
+    SUBMIT,
+    Answered,
+    Failed,
+    WireError,
+    decode_cancel,
+    decode_submit,
+    encode_answers,
+)
+from python_backend.scheduler import Answer, Outcome, Request, Scheduler
+
+FRONT_SILENT_S = 3.0  # a front this long without a message is taken as gone (heartbeat: 0.5 s)
+POLL_S = 0.25  # the I/O thread's longest sleep: it checks the fronts' silence this often
+
+
+class _Ticket:
+    """A queued request's cancellation, as the scheduler asks it before each forward: marked by
+    the I/O thread, read by the scheduler thread (one attribute: no lock needed)."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class QueueOwner:
+    """Serves ``scheduler`` to the fronts connecting at ``endpoint`` (``ipc://PATH``)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        endpoint: str,
+        output_width: int,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] = lambda message: None,
+        front_silent_s: float = FRONT_SILENT_S,
+    ) -> None:
+        self.scheduler = scheduler
+        self.front_silent_s = front_silent_s
+        self.endpoint = endpoint
+        self.output_width = output_width
+        self.clock = clock
+        self.log = log
+        self._context: zmq.Context = zmq.Context.instance()
+        self._socket: zmq.Socket | None = None
+        self._ready: collections.deque[tuple[bytes, int, Outcome]] = collections.deque()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_armed = False  # a wake-up is on its way: answers added meanwhile ride on it
+        # every request submitted and not yet answered, by front and id: its ticket is marked
+        # when its front sends CANCEL or falls silent (a late CANCEL finds nothing to mark)
+        self._live: dict[bytes, dict[int, _Ticket]] = {}
+        self._last_heard: dict[bytes, float] = {}
+        self._silence_checked = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bound = threading.Event()
+        self._bind_error: Exception | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Starts the scheduler and the I/O thread; returns once the socket is bound."""
+        self.scheduler.start(responder=False)  # an answer is a deque append: no thread needed
+        self._thread = threading.Thread(target=self._serve, name="queue-owner-io", daemon=True)
+        self._thread.start()
+        if not self._bound.wait(timeout_s) or self._bind_error is not None:
+            raise RuntimeError(
+                f"the queue owner could not bind {self.endpoint}: {self._bind_error}"
+            )
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Finishes what is queued (the scheduler's drain), sends the last answers, closes.
+        Returns the scheduler's verdict: False when a forward was still running."""
+        drained = self.scheduler.stop(timeout_s)
+        self._stop.set()
+        os.eventfd_write(self._wake, 1)
+        if self._thread is not None:
+            self._thread.join(5.0)
+        os.close(self._wake)
+        return drained
+
+    # -- what the scheduler calls -----------------------------------------------------------------
+
+    def _respond(self, front: bytes, request_id: int, outcome: Outcome) -> None:
+        self._ready.append((front, request_id, outcome))
+        if not self._wake_armed:  # one wake-up for all the answers of a step
+            self._wake_armed = True
+            os.eventfd_write(self._wake, 1)
+
+    def _mark_silent_fronts(self) -> None:
+        """Marks the tickets of every front silent for ``front_silent_s`` (checked by the I/O
+        thread a few times a second, not by the scheduler for each request)."""
+        now = self.clock()
+        if now - self._silence_checked < min(POLL_S, self.front_silent_s / 2):
+            return
+        self._silence_checked = now
+        for front, tickets in self._live.items():
+            if now - self._last_heard.get(front, -math.inf) > self.front_silent_s:
+                for ticket in tickets.values():
+                    ticket.cancelled = True
+
+    # -- the I/O thread ---------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            socket = self._context.socket(zmq.ROUTER)
+            socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone front raises
+            socket.setsockopt(zmq.SNDHWM, 0)  # answers are bounded by the queue's own bound
+            socket.setsockopt(zmq.RCVHWM, 0)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.bind(self.endpoint)
+        except Exception as err:
+            self._bind_error = err
+            self._bound.set()
+            return
+        self._socket = socket
+        self._bound.set()
+        poller = zmq.Poller()
+        poller.register(socket, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(round(POLL_S * 1000)))
+                if socket in events:
+                    try:
+                        self._receive_all(socket)
+                    except Exception as err:  # never end the thread: every front depends on it
+                        self.log(f"queue owner: receiving failed: {err!r}")
+                if self._wake in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                    # after the read, before draining: a later answer finds it clear and wakes
+                    # the next poll; one that came earlier is in what is drained now
+                    self._wake_armed = False
+                self._mark_silent_fronts()
+                self._send_ready(socket)
+                if self._stop.is_set() and not self._ready:
+                    return
+        finally:
+            socket.close(linger=0)
+
+    def _receive_all(self, socket: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            front, kind = frames[0].bytes, frames[1].bytes if len(frames) > 1 else b""
+            self._last_heard[front] = self.clock()
+            body = [f.buffer for f in frames[1:]]
+            try:
+                if kind == SUBMIT:
+                    self._submit(front, body)
+                elif kind == CANCEL:
+                    tickets = self._live.get(front, {})
+                    for rid in decode_cancel(body):
+                        if rid in tickets:
+                            tickets[rid].cancelled = True
+                elif kind != HEARTBEAT:
+                    raise WireError(f"unknown message kind {kind[:32]!r}")
+            except WireError as err:  # a front of another version: say so, drop the message
+                self.log(f"queue owner: a message from a front did not decode: {err}")
+
+    def _submit(self, front: bytes, body: list[memoryview]) -> None:
+        now = self.clock()
+        tickets = self._live.setdefault(front, {})
+        for submitted in decode_submit(body):
+            rid = submitted.request_id
+            timeout = submitted.timeout_s
+            ticket = tickets[rid] = _Ticket()
+            self.scheduler.submit(
+                Request(
+                    rows=submitted.rows,
+                    respond=partial(self._respond, front, rid),
+                    deadline=None if timeout is None else now + timeout,
+                    is_cancelled=ticket.is_cancelled,
+                )
+            )
+
+    def _send_ready(self, socket: zmq.Socket) -> None:
+        if not self._ready:
+            return
+        by_front: dict[bytes, tuple[list[Answered], list[Failed]]] = {}
+        while self._ready:
+            front, rid, outcome = self._ready.popleft()
+            tickets = self._live.get(front)
+            if tickets is not None:
+                tickets.pop(rid, None)
+                if not tickets:
+                    del self._live[front]
+            answered, failed = by_front.setdefault(front, ([], []))
+            if isinstance(outcome, Answer):
+                answered.append(Answered(rid, outcome.outputs, outcome.num_tokens))
+            else:
+                failed.append(Failed(rid, outcome))
+        for front, (answered, failed) in by_front.items():
+            try:
+                frames = encode_answers(answered, failed, self.output_width)
+            except Exception as err:  # outputs of the wrong shape: a bug, but answer every one
+                self.log(f"queue owner: answers did not encode: {err!r}")
+                error = ServeError(Reason.INTERNAL, "the server could not send this answer")
+                everyone = [Failed(a.request_id, error) for a in answered] + failed
+                frames = encode_answers([], everyone, self.output_width)
+            try:
+                socket.send_multipart([front, *frames], zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError as err:  # the front is gone: nobody is left to read them
+                if err.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._last_heard.pop(front, None)
+                self._live.pop(front, None)
+
+
+def owner_endpoint(directory: str, model_name: str, device_id: int) -> str:
+    """The Unix socket of ``model_name``'s queue owner on GPU ``device_id`` (0 on CPU), in
+    ``directory``, which is made private to this user (only its processes may submit)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.stat(directory).st_uid != os.getuid():
+        raise RuntimeError(f"{directory} belongs to another user: choose another socket directory")
+    os.chmod(directory, 0o700)
+    return f"ipc://{os.path.join(directory, f'{model_name}-owner-{device_id}.sock')}"

@@ -1,0 +1,49 @@
+"""A queue owner over the fake engine, in a process of its own (the owner's failure tests kill
+it). Run as ``python -m testkit.owner_process ENDPOINT [--blocked]``: ``--blocked`` holds every
+forward until the process is killed, so requests stay in flight."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from python_backend.cost_models import LinearCost
+from python_backend.queue_owner import FRONT_SILENT_S, QueueOwner
+from python_backend.scheduler import Scheduler
+from testkit.fake_engine import FakeChecksumEngine, layout
+
+
+def fake_owner(
+    endpoint: str, gate: threading.Event | None = None, front_silent_s: float | None = None
+) -> QueueOwner:
+    """A queue owner (not started) over a fake engine of buckets 16, 32, 64 and 8 rows each."""
+    engine = FakeChecksumEngine(layout(), gate=gate)
+    scheduler = Scheduler(engine, 0, LinearCost(16), max_batch=8, max_queue_rows=1000)
+    return QueueOwner(
+        scheduler,
+        endpoint,
+        FakeChecksumEngine.output_dim,
+        front_silent_s=FRONT_SILENT_S if front_silent_s is None else front_silent_s,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("endpoint")
+    parser.add_argument("--blocked", action="store_true")
+    args = parser.parse_args()
+    gate = threading.Event() if args.blocked else None
+    owner = fake_owner(args.endpoint, gate)
+    owner.start()
+    print("ready", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    if gate is not None:
+        gate.set()
+    owner.stop(5.0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The queue owner and a front's client over a real ZeroMQ socket: every request answered once,
+with its own rows' outputs, across the process boundary and across the owner's failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from python_backend.contract import Reason, ServeError
+from python_backend.owner_client import OwnerClient
+from python_backend.owner_wire import (
+    SUBMIT,
+    Answered,
+    Failed,
+    WireError,
+    decode_answers,
+    decode_submit,
+    encode_answers,
+    encode_submit,
+)
+from python_backend.queue_owner import owner_endpoint
+from python_backend.scheduler import Answer
+from testkit.fake_engine import FakeChecksumEngine
+from testkit.owner_process import fake_owner
+
+ROOT = Path(__file__).resolve().parents[2]
+WIDTH = FakeChecksumEngine.output_dim
+WAIT_S = 10.0
+
+
+class Answers:
+    """Collects each request's outcome; fails a test that sees a second answer for one."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[int, object] = {}
+        self._cond = threading.Condition()
+
+    def respond_for(self, key: int):
+        def respond(outcome) -> None:
+            with self._cond:
+                assert key not in self.outcomes, f"request {key} answered twice"
+                self.outcomes[key] = outcome
+                self._cond.notify_all()
+
+        return respond
+
+    def wait(self, count: int, timeout_s: float = WAIT_S) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.outcomes) >= count, timeout_s), (
+                f"{len(self.outcomes)} of {count} answered"
+            )
+
+
+@pytest.fixture
+def endpoint(tmp_path):
+    return owner_endpoint(str(tmp_path / "sockets"), "m", 0)
+
+
+def rows_of(rng, n_rows):
+    return [rng.integers(1, 30000, rng.integers(1, 60)).astype(np.int64) for _ in range(n_rows)]
+
+
+def test_the_wire_round_trips_and_refuses_frames_that_disagree():
+    rng = np.random.default_rng(0)
+    requests = [rows_of(rng, k) for k in (1, 3, 2)]
+    frames = encode_submit([7, 8, 9], requests, [0.5, float("nan"), 2.0])
+    assert bytes(frames[0]) == SUBMIT
+    decoded = decode_submit(frames)
+    assert [d.request_id for d in decoded] == [7, 8, 9]
+    assert [d.timeout_s for d in decoded] == [0.5, None, 2.0]
+    for d, rows in zip(decoded, requests, strict=True):
+        assert len(d.rows) == len(rows)
+        for got, sent in zip(d.rows, rows, strict=True):
+            assert got.dtype == np.int64 and np.array_equal(got, sent)
+    torn = list(frames)
+    torn[4] = np.asarray([1, 2], np.int32).tobytes()  # two row lengths for six rows
+    with pytest.raises(WireError, match="lengths"):
+        decode_submit(torn)
+    torn[4] = b"abc"  # not a whole number of int32
+    with pytest.raises(WireError, match="whole number"):
+        decode_submit(torn)
+
+    outputs = rng.random((3, WIDTH), dtype=np.float32)
+    answer_frames = encode_answers(
+        [Answered(7, outputs, np.asarray([4, 5, 6], np.int32))],
+        [Failed(8, ServeError(Reason.TIMEOUT, "late"))],
+        WIDTH,
+    )
+    answered, failed = decode_answers(answer_frames, WIDTH)
+    assert answered[0].request_id == 7 and np.array_equal(answered[0].outputs, outputs)
+    assert answered[0].num_tokens.tolist() == [4, 5, 6]
+    assert failed[0].request_id == 8 and failed[0].error.reason is Reason.TIMEOUT
+    assert str(failed[0].error) == "late"
+    with pytest.raises(WireError, match="width"):
+        decode_answers(answer_frames, WIDTH + 1)
+
+
+def test_every_request_gets_its_own_rows_outputs_once(endpoint):
+    owner = fake_owner(endpoint)
+    owner.start()
+    client = OwnerClient(endpoint, WIDTH)
+    client.start()
+    try:
+        assert client.wait_connected(WAIT_S)
+        rng = np.random.default_rng(1)
+        sent = {k: rows_of(rng, int(rng.integers(1, 5))) for k in range(300)}
+        answers = Answers()
+        for k, rows in sent.items():
+            client.submit(rows, answers.respond_for(k), timeout_s=30.0)
+        answers.wait(len(sent))
+        for k, rows in sent.items():
+            outcome = answers.outcomes[k]
+            assert isinstance(outcome, Answer), outcome
+            want = np.asarray([[r.sum(), len(r)] for r in rows], np.float32)
+            assert np.array_equal(outcome.outputs[:, :2], want)
+            assert outcome.num_tokens.tolist() == [len(r) for r in rows]
+    finally:
+        client.stop()
+        assert owner.stop(5.0)
+
+
+def test_a_cancelled_request_is_dropped_before_its_forward_and_a_deadline_holds(endpoint):
+    gate = threading.Event()
+    owner = fake_owner(endpoint, gate)
+    owner.start()
+    client = OwnerClient(endpoint, WIDTH, cancel_poll_s=0.01)
+    client.start()
+    try:
+        assert client.wait_connected(WAIT_S)
+        answers = Answers()
+        client.submit([np.arange(1, 10)], answers.respond_for(0))  # holds the engine
+        engine = owner.scheduler.engine
+        assert engine.wait_for_calls(1)
+        gone = threading.Event()
+        client.submit([np.arange(1, 40)], answers.respond_for(1), is_cancelled=gone.is_set)
+        client.submit([np.arange(1, 50)], answers.respond_for(2), timeout_s=0.0)
+        client.submit([np.arange(1, 20)], answers.respond_for(3))
+        gone.set()
+        time.sleep(0.2)  # the client's poll (10 ms) tells the owner before the gate opens
+        gate.set()
+        answers.wait(4)
+        assert isinstance(answers.outcomes[0], Answer) and isinstance(answers.outcomes[3], Answer)
+        assert answers.outcomes[1].reason is Reason.CANCELLED
+        assert answers.outcomes[2].reason is Reason.TIMEOUT
+        assert all(length != 64 for _, length in engine.calls), "a dropped row ran"
+    finally:
+        client.stop()
+        owner.stop(5.0)
+
+
+def start_owner_process(endpoint: str, blocked: bool) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "testkit.owner_process", endpoint]
+        + (["--blocked"] if blocked else []),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_no_owner_then_a_killed_owner_then_a_new_one(endpoint):
+    client = OwnerClient(endpoint, WIDTH)
+    client.start()
+    answers = Answers()
+    owner = None
+    try:
+        client.submit([np.arange(1, 5)], answers.respond_for(0))
+        answers.wait(1)
+        assert answers.outcomes[0].reason is Reason.OWNER_LOST  # at once: no owner runs
+
+        owner = start_owner_process(endpoint, blocked=True)
+        assert client.wait_connected(WAIT_S)
+        for k in range(1, 21):
+            client.submit([np.arange(1, 5 + k)], answers.respond_for(k))
+        time.sleep(0.3)
+        owner.kill()
+        owner.wait()
+        answers.wait(21)
+        assert {answers.outcomes[k].reason for k in range(1, 21)} == {Reason.OWNER_LOST}
+
+        owner = start_owner_process(endpoint, blocked=False)
+        assert client.wait_connected(WAIT_S)
+        client.submit([np.arange(1, 9)], answers.respond_for(21))
+        answers.wait(22)
+        assert isinstance(answers.outcomes[21], Answer)
+        assert answers.outcomes[21].outputs[0, 0] == np.arange(1, 9).sum()
+    finally:
+        client.stop()
+        if owner is not None:
+            owner.terminate()
+            owner.wait(10)
+
+
+def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(endpoint):
+    gate = threading.Event()
+    owner = fake_owner(endpoint, gate, front_silent_s=0.3)
+    owner.start()
+    client = OwnerClient(endpoint, WIDTH)
+    try:
+        client.start()
+        assert client.wait_connected(WAIT_S)
+        answers = Answers()
+        client.submit([np.arange(1, 9)], answers.respond_for(0))  # holds the engine
+        assert owner.scheduler.engine.wait_for_calls(1)
+        client.submit([np.arange(1, 60)], answers.respond_for(1))
+        time.sleep(0.2)
+        owner._last_heard[client.identity] = -1e9  # as if the front had been stopped for long
+        gate.set()
+        answers.wait(2)
+        assert isinstance(answers.outcomes[0], Answer)
+        assert answers.outcomes[1].reason is Reason.OWNER_LOST
+        assert "stalled" in str(answers.outcomes[1])
+        assert all(length != 64 for _, length in owner.scheduler.engine.calls)
+    finally:
+        client.stop()
+        owner.stop(5.0)
