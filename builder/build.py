@@ -29,20 +29,24 @@ import numpy as np
 from builder import buckets as bucket_choice
 from builder.opt_shapes import OptChoice, planned_opt_rows
 from builder.spec import BuildError, BuildSpec, option
-from builder.triton_config import cpu_instance, gpu_instances, model_config, write_config
+from builder.triton_config import (
+    FRONT_MODEL_PY,
+    MODEL_PY,
+    cpu_instance,
+    front_instances,
+    gpu_instances,
+    model_config,
+    owner_name,
+    write_config,
+    write_owner,
+)
+from python_backend.contract import OWNER_PARAMETER
 from python_backend.cost_models import LinearCost, StoredCost
 from python_backend.engine_profiles import EngineProfiles, engine_profiles
 from python_backend.manifest import Bucket, LongRows, Manifest
 
 if TYPE_CHECKING:
     from builder.families import LoadedModel
-
-MODEL_PY = '''"""Triton entry point: the logic lives in python_backend (queue, planner, engines)."""
-
-from python_backend.triton_model import TritonPythonModel
-
-__all__ = ["TritonPythonModel"]
-'''
 
 LABELS_FILE = "labels.txt"
 DEFAULT_TOKEN_BUDGET = {"onnxruntime": 4096, "tensorrt": 65536}
@@ -479,11 +483,17 @@ def calibrate_cost(
 def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress) -> None:
     manifest.write(version_dir)
     on_gpu = manifest.engine_kind == "tensorrt"
+    split = spec.fronts > 0
+    if split:
+        instances = front_instances(spec.fronts, on_gpu, spec.gpus)
+    else:
+        instances = gpu_instances(spec.gpus, spec.instances_per_gpu) if on_gpu else cpu_instance()
     config = model_config(
         spec.name,
         manifest.output_name,
         manifest.output_dim,
-        instances=gpu_instances(spec.gpus, spec.instances_per_gpu) if on_gpu else cpu_instance(),
+        parameters={OWNER_PARAMETER: owner_name(spec.name)} if split else None,
+        instances=instances,
         takes_pairs=manifest.takes_pairs,
     )
     labels = version_dir.parent / LABELS_FILE
@@ -493,10 +503,21 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
     else:
         labels.unlink(missing_ok=True)
     write_config(config, version_dir.parent)
-    (version_dir / "model.py").write_text(MODEL_PY)
+    (version_dir / "model.py").write_text(FRONT_MODEL_PY if split else MODEL_PY)
+    owner_dir = spec.repository / owner_name(spec.name)
+    if split:
+        write_owner(spec.repository, spec.name, on_gpu, spec.gpus)
+    elif (owner_dir / "config.pbtxt").is_file():  # an earlier split build of this model
+        shutil.rmtree(owner_dir)
     progress.detail(
         f"{version_dir.parent}: config.pbtxt, 1/manifest.json, 1/model.py, "
         f"1/{', 1/'.join(manifest.engine_files)}, 1/tokenizer.json"
+        + (
+            f"; {owner_dir}: its queue owner, fed by {spec.fronts} front(s)"
+            + (" per GPU" if on_gpu else "")
+            if split
+            else ""
+        )
     )
 
 

@@ -129,6 +129,12 @@ class BuildSpec:
         "TensorRT only: model instances (each its own queue, engine and stub process) per GPU",
         default=1,
     )
+    fronts: int = _opt(
+        "front instances per GPU (0: one model that decodes, plans and runs in one process). "
+        "With N >= 1, the model is split: N fronts decode, tokenize and answer, and one queue "
+        "owner per GPU (the model NAME_owner) plans and runs every row (docs/ARCHITECTURE.md)",
+        default=0,
+    )
     quiet: bool = _opt("print only errors", default=False)
 
     def validate(self) -> BuildSpec:
@@ -146,6 +152,13 @@ class BuildSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BuildError(f"{option(name)} must be >= 1")
+        if self.fronts < 0:
+            raise BuildError("--fronts must be >= 0")
+        if self.fronts > 0 and self.instances_per_gpu > 1:
+            raise BuildError(
+                "--fronts and --instances-per-gpu exclude each other: with fronts, one queue "
+                "owner per GPU sees every row"
+            )
         if self.calibration_repeats < 0:
             raise BuildError("--calibration-repeats must be >= 0")
         if self.overhead_tokens < 0:

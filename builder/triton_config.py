@@ -17,12 +17,36 @@ from tritonclient.grpc import model_config_pb2 as mc
 from python_backend.contract import (
     MAX_ROWS_PER_REQUEST,
     NUM_TOKENS_OUTPUT,
+    OWNER_PARAMETER,
+    OWNER_SUFFIX,
     PAIR_INPUT,
     REQUEST_INPUTS,
+    SERVES_PARAMETER,
 )
 from python_backend.settings import CONFIG_DEFAULTS
 
 MAX_BATCH_SIZE = MAX_ROWS_PER_REQUEST
+
+MODEL_PY = '''"""Triton entry point: the logic lives in python_backend (queue, planner, engines)."""
+
+from python_backend.triton_model import TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+
+FRONT_MODEL_PY = '''"""Triton entry point of a front: decodes and tokenizes, its queue owner plans and runs."""
+
+from python_backend.split_models import FrontModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+
+OWNER_MODEL_PY = '''"""Triton entry point of a queue owner: the engine and the planner, fed by the fronts."""
+
+from python_backend.split_models import OwnerModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
 
 # model parameters: every setting at its declared default; each can be changed in config.pbtxt,
 # or for one model by an environment variable (python_backend/settings.py declares them)
@@ -77,6 +101,41 @@ def model_config(
     return config
 
 
+def owner_name(model: str) -> str:
+    """The queue owner of ``model`` (the split layout)."""
+    return model + OWNER_SUFFIX
+
+
+def front_instances(
+    fronts: int, on_gpu: bool, gpus: tuple[int, ...] | None = None
+) -> mc.ModelInstanceGroup:
+    """``fronts`` front instances per GPU (each its own stub process; they decode, tokenize and
+    answer): on the CPU they all feed the one owner; on GPUs, each front feeds its GPU's owner."""
+    if not on_gpu:
+        return mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=fronts)
+    return gpu_instances(gpus, fronts)
+
+
+def owner_config(model: str, on_gpu: bool, gpus: tuple[int, ...] | None = None) -> mc.ModelConfig:
+    """The queue owner of ``model``: one instance per GPU (one on the CPU), no inputs of its own
+    (it is fed by the fronts' socket, and refuses any request Triton hands it), the same
+    parameters block, which sets its scheduler."""
+    config = mc.ModelConfig(name=owner_name(model), backend="python", max_batch_size=0)
+    config.instance_group.append(gpu_instances(gpus, 1) if on_gpu else cpu_instance())
+    for key, value in {**DEFAULT_PARAMETERS, SERVES_PARAMETER: model}.items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def write_owner(repository: Path, model: str, on_gpu: bool, gpus: tuple[int, ...] | None) -> Path:
+    """``model``'s queue owner entry: its config and its model.py (it runs ``model``'s files)."""
+    owner_dir = Path(repository) / owner_name(model)
+    (owner_dir / "1").mkdir(parents=True, exist_ok=True)
+    write_config(owner_config(model, on_gpu, gpus), owner_dir)
+    (owner_dir / "1" / "model.py").write_text(OWNER_MODEL_PY)
+    return owner_dir
+
+
 def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:
     path = Path(model_dir) / "config.pbtxt"
     path.write_text(text_format.MessageToString(config))
@@ -120,4 +179,34 @@ def add_model_variant(
         takes_pairs=any(i.name == PAIR_INPUT for i in base.input),
     )
     write_config(config, target.parent)
+    return config
+
+
+def add_split_variant(
+    repository: Path,
+    source: str,
+    name: str,
+    fronts: int,
+    parameters: dict[str, str] | None = None,
+    owner_py: str = OWNER_MODEL_PY,
+) -> mc.ModelConfig:
+    """A variant of ``source`` in the split layout: ``fronts`` front instances named ``name`` and
+    its queue owner (``name``_owner) over ``source``'s engine files, on the CPU. ``owner_py``:
+    an owner over another engine (bench repositories: the emulated one)."""
+    config = add_model_variant(
+        repository,
+        source,
+        name,
+        {**(parameters or {}), OWNER_PARAMETER: owner_name(name)},
+        model_py=FRONT_MODEL_PY,
+    )
+    del config.instance_group[:]
+    config.instance_group.append(front_instances(fronts, on_gpu=False))
+    write_config(config, Path(repository) / name)
+    owner_dir = write_owner(repository, name, on_gpu=False, gpus=None)
+    owner = read_config(owner_dir / "config.pbtxt")
+    for key, value in (parameters or {}).items():
+        owner.parameters[key].string_value = value
+    write_config(owner, owner_dir)
+    (owner_dir / "1" / "model.py").write_text(owner_py)
     return config

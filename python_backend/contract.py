@@ -68,6 +68,12 @@ FAMILY_CONTRACTS: dict[str, FamilyContract] = {
 FAMILIES: tuple[str, ...] = tuple(FAMILY_CONTRACTS)
 FAMILY_OUTPUTS: dict[str, str] = {name: f.output_name for name, f in FAMILY_CONTRACTS.items()}
 
+# -- the split layout: fronts and a queue owner per GPU (python_backend/split_models.py) ------
+
+OWNER_SUFFIX = "_owner"  # the queue owner of model M is the model M_owner
+OWNER_PARAMETER = "queue_owner"  # a front's config parameter: its owner model's name
+SERVES_PARAMETER = "serves"  # an owner's config parameter: the front model whose files it runs
+
 # -- request limits ---------------------------------------------------------------------------
 
 MAX_ROWS_PER_REQUEST = 64  # Triton's max_batch_size for every model the builder writes

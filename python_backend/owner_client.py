@@ -62,11 +62,13 @@ class OwnerClient:
         output_width: int,
         cancel_poll_s: float = CANCEL_POLL_S,
         log: Callable[[str], None] = lambda message: None,
+        tick: Callable[[], None] = lambda: None,
     ) -> None:
         self.endpoint = endpoint
         self.output_width = output_width
         self.cancel_poll_s = cancel_poll_s
         self.log = log
+        self.tick = tick  # called by the I/O thread at each wake-up (a front's metrics flush)
         self.identity = uuid.uuid4().bytes  # a new front process is a new front to the owner
         self._ids = itertools.count()
         self._outgoing: deque[tuple[int, list[np.ndarray], float, _InFlight]] = deque()
@@ -146,6 +148,7 @@ class OwnerClient:
                 if self._outgoing and self._send_pending(socket):
                     last_sent = time.monotonic()
                 now = time.monotonic()
+                self.tick()
                 if now - last_polled >= self.cancel_poll_s:
                     last_polled = now
                     if self._send_cancellations(socket):

@@ -256,4 +256,4 @@ def owner_endpoint(directory: str, model_name: str, device_id: int) -> str:
     if os.stat(directory).st_uid != os.getuid():
         raise RuntimeError(f"{directory} belongs to another user: choose another socket directory")
     os.chmod(directory, 0o700)
-    return f"ipc://{os.path.join(directory, f'{model_name}-owner-{device_id}.sock')}"
+    return f"ipc://{os.path.join(directory, f'{model_name}-{device_id}.sock')}"

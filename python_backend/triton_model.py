@@ -73,27 +73,58 @@ def parse_args(args: dict[str, str]) -> InstanceArgs:
 
 
 @dataclass(frozen=True)
-class Wiring:
-    """What one instance serves with, built from its manifest and engine by ``wire``."""
+class RequestDecoder:
+    """What turns a Triton request into token-id rows: the in-process model's and each front's."""
 
     settings: Settings
-    cost: CostModel  # the planner's: the manifest's, unless a setting overrides it
     tokenizer: TextTokenizer
     limits: Limits
     prompts: Prompts
-    scheduler: Scheduler  # not started
+
+    def decode(self, request: Any) -> tuple[list[Any], float | None]:
+        """(rows, seconds it may wait or None) of one request, or a ServeError saying why not."""
+        try:
+            parameters = json.loads(request.parameters() or "{}")
+        except json.JSONDecodeError:
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                "request parameters are not valid JSON",
+            ) from None
+        options = parse_options(
+            parameters, self.settings.truncate_default, self.settings.default_timeout_ms
+        )
+        inputs = {}
+        for name in (*REQUEST_INPUTS, PAIR_INPUT):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
+        return decoded.rows, options.timeout_ms / 1000.0 if options.timeout_ms else None
 
 
-def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: Any) -> Wiring:
-    """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
-    reading the tokenizer, so tests call it with a real manifest and a fake engine."""
-    settings = settings_from_parameters(instance.parameters, instance.model_name)
+def request_decoder(
+    instance: InstanceArgs, manifest: Manifest, settings: Settings, longest_row: int
+) -> RequestDecoder:
+    return RequestDecoder(
+        settings=settings,
+        tokenizer=TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest_row),
+        limits=Limits(
+            instance.max_rows_per_request, longest_row, manifest.vocab_size, manifest.takes_pairs
+        ),
+        prompts=Prompts(manifest.prompts, manifest.default_prompt_name),
+    )
+
+
+def planner_scheduler(
+    settings: Settings, manifest: Manifest, engine: Engine, metrics: Any
+) -> tuple[Scheduler, CostModel]:
+    """The scheduler (not started) over ``engine``, and the cost it plans with: the manifest's,
+    unless a setting overrides it."""
     cost = (
         LinearCost(settings.overhead_tokens)
         if settings.overhead_tokens is not None
         else manifest.planner_cost()
     )
-    longest = engine.layout.longest_row
     scheduler = Scheduler(
         engine,
         pad_token_id=manifest.pad_token_id,
@@ -103,16 +134,46 @@ def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: An
         policy=settings.planner,
         metrics=metrics,
     )
-    return Wiring(
-        settings=settings,
-        cost=cost,
-        tokenizer=TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest),
-        limits=Limits(
-            instance.max_rows_per_request, longest, manifest.vocab_size, manifest.takes_pairs
-        ),
-        prompts=Prompts(manifest.prompts, manifest.default_prompt_name),
-        scheduler=scheduler,
-    )
+    return scheduler, cost
+
+
+def refusal(error: ServeError) -> Any:
+    return _error_response(str(error), error.kind.triton_code)
+
+
+def answer_response(output_name: str, outcome: Outcome) -> Any:
+    """The Triton response of an outcome: its outputs and token counts, or its error."""
+    if isinstance(outcome, Answer):
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(output_name, outcome.outputs),
+                pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
+            ]
+        )
+    return refusal(outcome)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What one instance serves with, built from its manifest and engine by ``wire``."""
+
+    settings: Settings
+    cost: CostModel  # the planner's: the manifest's, unless a setting overrides it
+    decoder: RequestDecoder
+    scheduler: Scheduler  # not started
+
+    @property
+    def limits(self) -> Limits:
+        return self.decoder.limits
+
+
+def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: Any) -> Wiring:
+    """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
+    reading the tokenizer, so tests call it with a real manifest and a fake engine."""
+    settings = settings_from_parameters(instance.parameters, instance.model_name)
+    scheduler, cost = planner_scheduler(settings, manifest, engine, metrics)
+    decoder = request_decoder(instance, manifest, settings, engine.layout.longest_row)
+    return Wiring(settings=settings, cost=cost, decoder=decoder, scheduler=scheduler)
 
 
 class TritonPythonModel:
@@ -128,8 +189,11 @@ class TritonPythonModel:
         self.output_name = manifest.output_name
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         wiring = wire(instance, manifest, engine, self.metrics)
-        self.settings, self.tokenizer = wiring.settings, wiring.tokenizer
-        self.limits, self.prompts, self.scheduler = wiring.limits, wiring.prompts, wiring.scheduler
+        self.settings, self.decoder, self.scheduler = (
+            wiring.settings,
+            wiring.decoder,
+            wiring.scheduler,
+        )
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: {manifest.engine_kind} engine"
@@ -164,46 +228,19 @@ class TritonPythonModel:
     def _refuse(self, sender: Any, error: ServeError) -> None:
         """Answers a request refused before it reached the queue."""
         self.metrics.refused(error.reason)
-        _send_final(sender, _error_response(str(error), error.kind.triton_code))
+        _send_final(sender, refusal(error))
 
     def _decode(self, request: Any, sender: Any) -> Request:
-        try:
-            parameters = json.loads(request.parameters() or "{}")
-        except json.JSONDecodeError:
-            raise ServeError(
-                Reason.BAD_PARAMETER,
-                "request parameters are not valid JSON",
-            ) from None
-        options = parse_options(
-            parameters, self.settings.truncate_default, self.settings.default_timeout_ms
-        )
-        inputs = {}
-        for name in (*REQUEST_INPUTS, PAIR_INPUT):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                inputs[name] = tensor.as_numpy()
-        decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
-        deadline = None
-        if options.timeout_ms:
-            deadline = time.monotonic() + options.timeout_ms / 1000.0
+        rows, timeout_s = self.decoder.decode(request)
         return Request(
-            rows=decoded.rows,
+            rows=rows,
             respond=partial(self._respond, sender),
-            deadline=deadline,
+            deadline=None if timeout_s is None else time.monotonic() + timeout_s,
             is_cancelled=request.is_cancelled,
         )
 
     def _respond(self, sender: Any, outcome: Outcome) -> None:
-        if isinstance(outcome, Answer):
-            response = pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(self.output_name, outcome.outputs),
-                    pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
-                ]
-            )
-        else:
-            response = _error_response(str(outcome), outcome.kind.triton_code)
-        _send_final(sender, response)
+        _send_final(sender, answer_response(self.output_name, outcome))
 
     def finalize(self) -> None:
         if self.scheduler.stop(SHUTDOWN_DRAIN_S):

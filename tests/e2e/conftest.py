@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.triton_config import add_model_variant
+from builder.triton_config import add_model_variant, add_split_variant
 from python_backend.faults import write_fault_spec
 from tools.triton_server import TritonServer, free_port
 
@@ -68,6 +68,8 @@ def repository(tmp_path_factory) -> Path:
     add_model_variant(repo, "minilm", "minilm_faults")
     write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
+    # the split layout: two fronts and a queue owner over the same engine files
+    add_split_variant(repo, "minilm", "minilm_split", fronts=2)
     # for the OpenAI adapter: a model that declares the sizes `dimensions` may ask for
     add_model_variant(repo, "minilm", "minilm_matryoshka", {"matryoshka_dimensions": "128,256"})
     # ... and one with sentence-transformers prompts in its manifest

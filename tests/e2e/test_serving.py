@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from builder.corpus import corpus_rows
+from builder.triton_config import read_config
 from python_backend.contract import INSTANCE_LABEL
 from testkit.prometheus import Sample, samples_of, scrape
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, text_inputs
@@ -123,8 +124,14 @@ def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):
         pid = own.process.pid
         # each stub's command line names its server's pid
         stubs = [p for p in _processes() if "triton_python_backend_stub" in p and f" {pid} " in p]
-        models = [d for d in repository.iterdir() if (d / "config.pbtxt").is_file()]
-        assert len(stubs) == len(models), stubs  # one per model in the repository
+        configs = [d / "config.pbtxt" for d in repository.iterdir()]
+        instances = sum(
+            group.count
+            for path in configs
+            if path.is_file()
+            for group in read_config(path).instance_group
+        )
+        assert len(stubs) == instances, stubs  # one per model instance in the repository
     finally:
         code = own.stop()
     assert code == 0, f"tritonserver exited with {code}"

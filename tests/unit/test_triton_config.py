@@ -4,8 +4,8 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.build import MODEL_PY
 from builder.triton_config import (
+    MODEL_PY,
     add_model_variant,
     gpu_instances,
     model_config,

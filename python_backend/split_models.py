@@ -1,0 +1,175 @@
+"""The two Triton models of the split layout: many fronts, one queue owner per GPU.
+
+- ``FrontModel`` keeps the public name (``minilm``): K instances, each its own stub process,
+  decode, validate and tokenize their requests, send the rows to their GPU's owner
+  (``owner_client``) and answer Triton when the outputs come back. Nothing a front does needs
+  another request's rows, so adding fronts adds the CPU that work needs.
+- ``OwnerModel`` (``minilm_owner``, one instance per GPU) holds the engine and the scheduler and
+  serves them to the fronts (``queue_owner``): the one place that sees every row, so the
+  planner plans across all of them. It is never meant to be asked: a request that reaches it
+  is refused.
+
+Both are ordinary Triton models, so Triton starts them, loads them in parallel and reports them
+ready. docs/ARCHITECTURE.md says who owns what and what happens when either dies.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from python_backend.contract import (
+    OWNER_PARAMETER,
+    SERVES_PARAMETER,
+    SHUTDOWN_DRAIN_S,
+    Reason,
+    ServeError,
+)
+from python_backend.engines import open_engine
+from python_backend.engines.base import BucketLayout
+from python_backend.faults import FaultInjectingEngine, load_fault_spec
+from python_backend.manifest import load_manifest
+from python_backend.metrics import TritonMetrics
+from python_backend.owner_client import OwnerClient
+from python_backend.queue_owner import QueueOwner, owner_endpoint
+from python_backend.scheduler import Outcome
+from python_backend.settings import settings_from_parameters
+from python_backend.triton_model import (
+    _send_final,
+    answer_response,
+    parse_args,
+    planner_scheduler,
+    refusal,
+    request_decoder,
+)
+
+OWNER_WAIT_S = 600.0  # a front's initialize waits this long for its owner (a TensorRT load)
+
+
+def _parameter(parameters: dict[str, Any], key: str) -> str:
+    value = parameters.get(key, {}).get("string_value", "")
+    if not value:
+        raise ValueError(f"the model config has no parameter {key!r}")
+    return str(value)
+
+
+def socket_dir() -> str:
+    """Where this Triton server's owners bind: private to the user, one folder per server (the
+    stubs' parent is the server), so two servers on one host never share a socket."""
+    base = os.environ.get("PLANNER_SOCKET_DIR") or f"/tmp/triton-planner-{os.getuid()}"
+    return os.path.join(base, str(os.getppid()))
+
+
+class FrontModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        instance = parse_args(args)
+        self.model_name, self.instance_name = instance.model_name, instance.instance_name
+        settings = settings_from_parameters(instance.parameters, instance.model_name)
+        manifest = load_manifest(instance.version_dir)
+        self.output_name = manifest.output_name
+        longest = BucketLayout.from_manifest(manifest).longest_row
+        self.decoder = request_decoder(instance, manifest, settings, longest)
+        self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
+        owner = _parameter(instance.parameters, OWNER_PARAMETER)
+        endpoint = owner_endpoint(socket_dir(), owner, instance.device_id)
+        self.client = OwnerClient(
+            endpoint,
+            manifest.output_dim,
+            log=pb_utils.Logger.log_warn,
+            tick=self.metrics.flush_if_due,
+        )
+        self.client.start()
+        if not self.client.wait_connected(OWNER_WAIT_S):
+            self.client.stop()
+            raise RuntimeError(
+                f"{self.instance_name}: the queue owner {owner!r} did not accept a connection "
+                f"at {endpoint} within {OWNER_WAIT_S:.0f} s: is it in the repository and loaded?"
+            )
+        pb_utils.Logger.log_info(f"{self.instance_name}: a front of {owner}, at {endpoint}")
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                rows, timeout_s = self.decoder.decode(request)
+            except ServeError as err:
+                self._refuse(sender, err)
+                continue
+            except Exception as err:  # a bug must cost one request, never the batch of them
+                pb_utils.Logger.log_error(f"{self.instance_name}: decoding failed: {err!r}")
+                self._refuse(
+                    sender, ServeError(Reason.INTERNAL, "the server could not decode this request")
+                )
+                continue
+            self.client.submit(
+                rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
+            )
+        return None
+
+    def _refuse(self, sender: Any, error: ServeError) -> None:
+        self.metrics.refused(error.reason)
+        _send_final(sender, refusal(error))
+
+    def _respond(self, sender: Any, outcome: Outcome) -> None:
+        if isinstance(outcome, ServeError) and outcome.reason is Reason.OWNER_LOST:
+            self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
+        _send_final(sender, answer_response(self.output_name, outcome))
+
+    def finalize(self) -> None:
+        self.client.stop()
+        self.metrics.flush()
+
+
+class OwnerModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        instance = parse_args(args)
+        served = _parameter(instance.parameters, SERVES_PARAMETER)
+        self.instance_name = instance.instance_name
+        # the served model's files, settings and metric labels: to a user, this is that model
+        version_dir = Path(instance.version_dir).parent.parent / served / instance.version_dir.name
+        settings = settings_from_parameters(instance.parameters, served)
+        manifest = load_manifest(version_dir)
+        engine = self.open_engine(manifest, version_dir, instance.device_id)
+        fault_spec = load_fault_spec(version_dir)  # test repositories only
+        if fault_spec:
+            engine = FaultInjectingEngine(engine, fault_spec)
+        self.engine = engine
+        self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
+        scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
+        endpoint = owner_endpoint(socket_dir(), instance.model_name, instance.device_id)
+        self.owner = QueueOwner(
+            scheduler, endpoint, manifest.output_dim, log=pb_utils.Logger.log_warn
+        )
+        self.owner.start()
+        pb_utils.Logger.log_info(
+            f"{self.instance_name}: queue owner of {served} at {endpoint}: "
+            f"{manifest.engine_kind} engine"
+            + (f" on GPU {instance.device_id}" if manifest.engine_kind == "tensorrt" else "")
+            + f", buckets {[b.length for b in manifest.buckets]}, planner {settings.planner}, "
+            f"cost {cost}"
+        )
+
+    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
+        """The engine on GPU ``device_id``; bench repositories override it with an emulated one."""
+        return open_engine(manifest, version_dir, device_id=device_id)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        error = ServeError(
+            Reason.BAD_INPUTS,
+            f"{self.instance_name} is a queue owner, internal to its model: send requests to the "
+            "model it serves",
+        )
+        return [refusal(error) for _ in requests]
+
+    def finalize(self) -> None:
+        if self.owner.stop(SHUTDOWN_DRAIN_S):
+            self.engine.close()
+        else:
+            pb_utils.Logger.log_warn(
+                f"{self.instance_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s "
+                "into shutdown; the engine is left to the process exit"
+            )

@@ -1,0 +1,62 @@
+"""The split layout on the real Triton server: two front instances decode and answer, one queue
+owner plans and runs every row (python_backend/split_models.py)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from builder.corpus import corpus_rows
+from testkit.triton_clients import PROTOCOLS, client, infer, infer_error, text_inputs
+from tests.e2e.test_serving import TOLERANCE, metric_samples, total
+
+MODEL = "minilm_split"
+
+
+def test_concurrent_requests_through_both_fronts_get_their_own_rows(
+    server, tokenizer, reference_model
+):
+    texts = corpus_rows(300, seed=23)
+    ids = tokenizer.encode(texts, truncate=True)
+    expected = reference_model(ids)
+    rng = np.random.default_rng(9)
+    cuts = np.cumsum(rng.integers(1, 5, size=150))
+    cuts = cuts[cuts < len(texts)]
+    spans = list(
+        zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(texts)]]), strict=True)
+    )
+    forwards_before = total(server, "planner_forwards_total", model=MODEL)
+
+    def send(k: int):
+        a, b = spans[k]
+        protocol = PROTOCOLS[k % 2]
+        return k, infer(client(server, protocol), MODEL, text_inputs(protocol, texts[a:b]))
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(send, range(len(spans))))
+    for k, (embedding, tokens) in results:
+        a, b = spans[k]
+        assert tokens[:, 0].tolist() == [len(r) for r in ids[a:b]]
+        assert np.abs(embedding - expected[a:b]).max() <= TOLERANCE, f"request {k} got other rows"
+    # both fronts took requests, and the one owner ran every row: its forwards are shared
+    # across the fronts' requests
+    forwards = total(server, "planner_forwards_total", model=MODEL) - forwards_before
+    assert forwards < len(texts) / 3
+    owners = {
+        s.labels["model_instance"]
+        for s in metric_samples(server, "planner_forwards_total", model=MODEL)
+    }
+    assert owners == {"minilm_split_owner_0_0"}, owners
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bad_request_is_refused_by_the_front_with_its_reason(server, protocol):
+    error = infer_error(client(server, protocol), MODEL, text_inputs(protocol, ["fine", ""]))
+    assert "row 1" in str(error) and "empty" in str(error).lower()
+
+
+def test_the_owner_refuses_a_request_sent_to_it(server):
+    error = infer_error(client(server, "http"), "minilm_split_owner", [])
+    assert "queue owner" in str(error) and "minilm_split_owner" in str(error)
