@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
+from bench.emulated_engine import EMULATED_MODEL_PY, EMULATED_OWNER_PY, TABLE_FILE
 from bench.errors import BenchError
 from bench.paths import INPUT_DATA, ROOT, SAMPLE
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
-from builder.triton_config import add_model_variant, write_config
+from builder.triton_config import add_model_variant, add_split_variant, write_config
 from tools.front_door import FrontDoorSettings
 from tools.perf_analyzer import PerfPoint, run_perf_analyzer
 from tools.triton_server import TritonServer, answers_ok, free_port, set_parent_death_signal
@@ -190,4 +190,13 @@ def add_emulated_variant(
     if instances is not None:
         config.instance_group[0].count = instances
         write_config(config, repository / name)
+    (repository / name / "1" / TABLE_FILE).write_text(table + "\n")
+
+
+def add_emulated_split_variant(
+    repository: Path, source: str, name: str, table: str, fronts: int
+) -> None:
+    """``source`` in the split layout (``fronts`` fronts and ``name``_owner), the owner over the
+    emulated engine with ``table``; the fronts are the project's own."""
+    add_split_variant(repository, source, name, fronts, owner_py=EMULATED_OWNER_PY)
     (repository / name / "1" / TABLE_FILE).write_text(table + "\n")

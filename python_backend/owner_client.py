@@ -125,7 +125,7 @@ class OwnerClient:
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
-        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 250)
         monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         socket.connect(self.endpoint)
         poller = zmq.Poller()

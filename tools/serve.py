@@ -12,7 +12,9 @@
 - The watchdog sends a real one-row inference to each probed model every PROBE_INTERVAL_S and
   watches the model stubs. A Python-backend stub that died leaves Triton answering "ready" while
   every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
-  and the requests the dead stub held end with an error). Triton exiting on its own (a request
+  and the requests the dead stub held end with an error). A dead queue owner of the split layout
+  is reloaded alone instead (Triton runs with explicit model control, every model loaded): its
+  fronts answer its requests 503 at once and reconnect when it is back, and nothing else stops. Triton exiting on its own (a request
   that crashes Triton 2.51, say) is restarted too, after a backoff that doubles from 1 s, and
   the reason is logged; so is the OpenAI adapter. Past RESTART_LIMIT (5) failures within
   RESTART_WINDOW_S (300 s), or when nginx exits, the launcher ends with code 1 and a message;
@@ -37,6 +39,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from python_backend.contract import OWNER_SUFFIX
 from python_backend.values import BadValue, int_at_least, number_at_least
 from tools.front_door import (
     FrontDoor,
@@ -59,6 +62,53 @@ def restricted_api_args(admin_key: str) -> list[str]:
         f"--http-restricted-api={RESTRICTED_APIS}:admin-key={admin_key}",
         f"--grpc-restricted-protocol={RESTRICTED_APIS}:admin-key={admin_key}",
     ]
+
+
+def stub_model(pid: int) -> str | None:
+    """The model a Python-backend stub serves: its first argument is <repository>/<model>/<version>/
+    model.py (None when it is gone)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return Path(args[1].decode(errors="replace")).parent.parent.name if len(args) > 1 else None
+
+
+def reload_model(base_url: str, model: str, admin_key: str, timeout_s: float) -> str | None:
+    """Unloads ``model`` and loads it again through Triton's repository API (explicit model
+    control): new stub processes, the rest of the server untouched. None when it is back, else
+    why not."""
+
+    def post(path: str) -> tuple[int, bytes]:
+        request = urllib.request.Request(
+            f"{base_url}/v2/repository{path}", data=b"{}", headers={"admin-key": admin_key}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+        except OSError as err:
+            return 0, str(err).encode()
+
+    code, body = post(f"/models/{model}/unload")
+    if code != 200:
+        return f"unload answered {code}: {body[:200]!r}"
+    deadline = time.monotonic() + timeout_s
+    while True:  # unloading ends once the old instances are finalized
+        code, body = post("/index")
+        states = (
+            {m.get("name"): m.get("state") for m in json.loads(body or b"[]")}
+            if code == 200
+            else {}
+        )
+        if states.get(model) not in ("READY", "UNLOADING"):
+            break
+        if time.monotonic() > deadline:
+            return f"still {states.get(model)} after {timeout_s:.0f} s"
+        time.sleep(0.2)
+    code, body = post(f"/models/{model}/load")
+    return None if code == 200 else f"load answered {code}: {body[:200]!r}"
 
 
 def child_stubs(pid: int) -> set[int]:
@@ -175,7 +225,7 @@ class Launcher:
         self.adapter: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.restarts = 0
-        self.expected_stubs: set[int] = set()
+        self.expected_stubs: dict[int, str | None] = {}  # pid -> the model it serves
         self.budget = RestartBudget(settings.restart_limit, settings.restart_window_s)
 
     def log(self, message: str) -> None:
@@ -190,7 +240,12 @@ class Launcher:
             s.triton_grpc_port,
             s.triton_metrics_port,
             log_path=s.state_dir / "triton.log",
-            extra_args=restricted_api_args(self.admin_key),
+            # explicit model control, every model loaded: a dead queue owner is reloaded alone
+            extra_args=[
+                *restricted_api_args(self.admin_key),
+                "--model-control-mode=explicit",
+                "--load-model=*",
+            ],
             exit_timeout_s=s.exit_timeout_s,
             address=s.triton_address,
         )
@@ -203,7 +258,7 @@ class Launcher:
                 raise RuntimeError(self.triton_exit_message("while starting"))
             if self.triton.ready():
                 assert self.triton.process is not None
-                self.expected_stubs = child_stubs(self.triton.process.pid)
+                self.expected_stubs = self.stubs_now()
                 return True
             time.sleep(0.1)
         return False
@@ -222,11 +277,37 @@ class Launcher:
         tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
         return f"tritonserver exited {when} (code {code}); its log ends:\n{tail}"
 
+    def stubs_now(self) -> dict[int, str | None]:
+        assert self.triton is not None and self.triton.process is not None
+        return {pid: stub_model(pid) for pid in child_stubs(self.triton.process.pid)}
+
+    def dead_stubs(self) -> dict[int, str | None]:
+        assert self.triton is not None and self.triton.process is not None
+        alive = child_stubs(self.triton.process.pid)
+        return {pid: m for pid, m in self.expected_stubs.items() if pid not in alive}
+
+    def bring_owners_back(self, owners: list[str]) -> bool:
+        """Reloads dead queue owners alone: their fronts answer 503 meanwhile and reconnect by
+        themselves, Triton and every other model keep serving. A reload that fails restarts
+        Triton. False when the budget is spent or a stop was asked."""
+        if not self.spend_restart(f"queue owner(s) {', '.join(owners)}", "a stub died", False):
+            return False
+        assert self.triton is not None
+        base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
+        started = time.monotonic()
+        for owner in owners:
+            self.log(f"reloading {owner} (its stub died)")
+            failure = reload_model(base, owner, self.admin_key, timeout_s=120.0)
+            if failure is not None:
+                return self.bring_triton_back(f"reloading {owner} failed: {failure}")
+        self.expected_stubs = self.stubs_now()
+        self.log(f"{', '.join(owners)} back after {time.monotonic() - started:.1f} s")
+        return True
+
     def unhealthy_reason(self) -> str | None:
         """Why the model cannot serve, or None; cheap checks first."""
         assert self.triton is not None and self.triton.process is not None
-        alive = child_stubs(self.triton.process.pid)
-        missing = self.expected_stubs - alive
+        missing = self.dead_stubs()
         if missing:
             return f"model stub process(es) {sorted(missing)} died"
         base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
@@ -343,6 +424,12 @@ class Launcher:
                 self.start_adapter(self.settings.openai_port)
                 continue
             if time.monotonic() >= next_probe:
+                dead = self.dead_stubs()
+                if dead and all((m or "").endswith(OWNER_SUFFIX) for m in dead.values()):
+                    if not self.bring_owners_back(sorted({m for m in dead.values() if m})):
+                        return 1 if not self.stopping else 0
+                    next_probe = time.monotonic() + self.settings.probe_interval_s
+                    continue
                 unhealthy = self.unhealthy_reason()
                 # a dead stub is restarted at once: requests in flight already failed
                 if (

@@ -1,0 +1,169 @@
+"""The served ceiling of the split layout beside today's one-process model, and the CPU each
+server process spends per request, on the real Triton server.
+
+    python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
+
+Every variant serves the bench model over the emulated engine with a zero table (forwards take
+no time: what is measured is the server around the engine, its ceiling at GPU speed):
+- ``one process``: today's model, one instance (queue, planner and decoding in one stub);
+- ``N fronts``: the split layout, N front instances and one queue owner.
+Each measurement starts a server that loads only that variant; the variants alternate, in an
+order that flips every round, so the shared machine's drift falls on all alike. perf_analyzer
+(gRPC, real-text rows) drives it at one concurrency; CPU seconds of Triton and of each stub are
+read from /proc over the measurement, so per-request CPU is summed over every server process
+(the client excluded) and split by process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.errors import reports_errors
+from bench.harness import (
+    add_emulated_split_variant,
+    add_emulated_variant,
+    build_repository,
+    measure,
+    warm_up,
+)
+from bench.owner_alone import cpu_seconds
+from bench.paths import ROOT
+from tools.serve import child_stubs
+from tools.triton_server import TritonServer, free_port
+
+SOURCE = "planner_dp"
+
+
+@dataclass(frozen=True)
+class Served:
+    rows_per_s: float
+    p99_ms: float
+    stable: bool
+    cpu_us_per_request: dict[str, float]  # by process role: triton, front(s), owner, model
+
+
+def stub_role(pid: int) -> str:
+    """A stub's role from its command line (its model instance's name is its 9th argument)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    instance = args[8].decode() if len(args) > 8 else "?"
+    if "_owner_" in instance:
+        return "owner"
+    return "front" if "_split" in instance else "model"
+
+
+def variant(repository: Path, fronts: int) -> str:
+    if fronts == 0:
+        name = "emulated_one"
+        add_emulated_variant(repository, SOURCE, name, "zero", instances=1)
+    else:
+        name = f"emulated_split{fronts}"
+        add_emulated_split_variant(repository, SOURCE, name, "zero", fronts)
+    return name
+
+
+def serve_once(
+    repository: Path, fronts: int, concurrency: int, rows: int, tmp: Path, ms: int
+) -> Served:
+    model = variant(repository, fronts)
+    loads = [model] + ([f"{model}_owner"] if fronts else [])
+    server = TritonServer(
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        log_path=tmp / f"triton-{model}.log",
+        extra_args=[*(f"--load-model={m}" for m in loads), "--model-control-mode=explicit"],
+    )
+    with server:
+        assert server.process is not None
+        warm_up(server, tmp, (model,), concurrency)
+        pids = {server.process.pid: "triton"} | {
+            pid: stub_role(pid) for pid in child_stubs(server.process.pid)
+        }
+        before = {pid: cpu_seconds(pid) for pid in pids}
+        started = time.monotonic()
+        point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
+        wall = time.monotonic() - started
+        spent: dict[str, float] = defaultdict(float)
+        for pid, role in pids.items():
+            spent[role] += cpu_seconds(pid) - before[pid]
+    requests_per_s = point.rows_per_s / rows
+    per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
+    return Served(point.rows_per_s, point.p99_ms, stable, per_request)
+
+
+def label(fronts: int) -> str:
+    return "one process" if fronts == 0 else f"{fronts} front{'s' if fronts > 1 else ''}"
+
+
+@reports_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fronts", default="1,2", help="split variants to measure beside today's")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rows-per-request", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--measurement-ms", type=int, default=6000)
+    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    args = parser.parse_args(argv)
+    repository, _ = build_repository(args.repository, rebuild=False)
+    variants = [0, *(int(n) for n in args.fronts.split(","))]
+    results: dict[int, list[Served]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for fronts in variants if r % 2 == 0 else variants[::-1]:
+                served = serve_once(
+                    repository,
+                    fronts,
+                    args.concurrency,
+                    args.rows_per_request,
+                    Path(tmp),
+                    args.measurement_ms,
+                )
+                results[fronts].append(served)
+                shares = ", ".join(
+                    f"{k} {v:.0f}" for k, v in sorted(served.cpu_us_per_request.items())
+                )
+                print(
+                    f"round {r + 1} {label(fronts):<12} {served.rows_per_s:8.0f} rows/s  "
+                    f"p99 {served.p99_ms:6.0f} ms  CPU us/request: {shares}"
+                    + ("" if served.stable else " (unstable)"),
+                    flush=True,
+                )
+    base = float(np.mean([s.rows_per_s for s in results[0]]))
+    base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[0]]))
+    print(
+        f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request, zero-time engine, "
+        f"means of {args.rounds} rounds:\n"
+    )
+    print(
+        "| layout | rows/s (each round) | mean rows/s | vs one process | server CPU us/request "
+        "(by process) | CPU vs one process |"
+    )
+    print("|---|---|---|---|---|---|")
+    for fronts in variants:
+        runs = results[fronts]
+        rate = float(np.mean([s.rows_per_s for s in runs]))
+        roles = sorted({k for s in runs for k in s.cpu_us_per_request})
+        by_role = {
+            k: float(np.mean([s.cpu_us_per_request.get(k, 0.0) for s in runs])) for k in roles
+        }
+        cpu = sum(by_role.values())
+        print(
+            f"| {label(fronts)} | {', '.join(f'{s.rows_per_s:.0f}' for s in runs)} | {rate:.0f} "
+            f"| {rate / base:.2f}x | {cpu:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in by_role.items())}) "
+            f"| {cpu / base_cpu:.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The split layout's failures, survived, in the deployment as `make serve` runs it: a killed
+queue owner (reloaded alone), a killed front (Triton restarted), a front stopped for 10 s."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from testkit.triton_clients import client, infer, text_inputs
+from tests.e2e.conftest import _LOGS
+from tests.e2e.stack import Stack
+from tests.e2e.test_faults_survived import TOLERANCE, own_stack, stubs_of
+
+MODEL = "minilm_split"
+LONG = ["a long row " * 50] * 64  # a request that keeps the owner busy for a while
+
+
+def stubs_serving(triton: int, entry: str) -> list[int]:
+    """The stubs of one model entry (their first argument is <repository>/<entry>/1/model.py)."""
+    found = []
+    for pid in stubs_of(triton):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if Path(args[1].decode()).parent.parent.name == entry:
+            found.append(pid)
+    return found
+
+
+class InFlight:
+    """Requests sent from threads; each outcome is ("answered", s) or (error, s)."""
+
+    def __init__(self, stack, count: int, rows=LONG, protocol: str = "grpc") -> None:
+        self.outcomes: list[tuple[object, float]] = []
+        self.threads = [
+            threading.Thread(target=self._send, args=(stack, rows, protocol)) for _ in range(count)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _send(self, stack, rows, protocol) -> None:
+        started = time.monotonic()
+        try:
+            infer(client(stack, protocol), MODEL, text_inputs(protocol, rows))
+            self.outcomes.append(("answered", time.monotonic() - started))
+        except Exception as err:
+            self.outcomes.append((err, time.monotonic() - started))
+
+    def join(self, timeout_s: float) -> None:
+        for t in self.threads:
+            t.join(timeout_s)
+
+
+def back_within(stack, text, expected, timeout_s: float) -> float:
+    """Seconds until three requests in a row are answered (right, when ``expected`` is given)."""
+    started, in_a_row = time.monotonic(), 0
+    while time.monotonic() - started < timeout_s and in_a_row < 3:
+        try:
+            embedding, _ = infer(client(stack, "http"), MODEL, text_inputs("http", [text]))
+            right = expected is None or np.abs(embedding - expected).max() <= TOLERANCE
+            in_a_row = in_a_row + 1 if right else 0
+            continue
+        except Exception:
+            in_a_row = 0
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_a_killed_owner_is_reloaded_alone_and_its_requests_end_at_once(
+    repository, tmp_path, tokenizer, reference_model
+):
+    stack = own_stack(repository, tmp_path)
+    text = "back after the queue owner died"
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    try:
+        triton = stack.triton_pid()
+        others = stubs_serving(triton, "minilm")
+        flights = InFlight(stack, 4)
+        time.sleep(0.5)
+        (owner,) = stubs_serving(triton, f"{MODEL}_owner")
+        killed_at = time.monotonic()
+        os.kill(owner, signal.SIGKILL)
+        flights.join(30)
+        back_after = back_within(stack, text, expected, 60)
+        assert len(flights.outcomes) == 4, "no in-flight request hangs"
+        for outcome, seconds in flights.outcomes:
+            if outcome != "answered":  # ended at once with the reason, not at a timeout
+                assert "queue owner" in str(outcome) and "UNAVAILABLE" in str(outcome), outcome
+                assert time.monotonic() - killed_at < 15 and seconds < 20
+        assert back_after < 30, f"the model was not back after {back_after:.0f} s"
+        assert f"reloading {MODEL}_owner" in stack.output()
+        assert stack.triton_pid() == triton, "Triton itself was not restarted"
+        assert stubs_serving(triton, "minilm") == others, "other models were not touched"
+    finally:
+        assert stack.stop() == 0
+
+
+def test_a_killed_front_ends_every_request_and_the_model_comes_back(
+    repository, tmp_path, tokenizer, reference_model
+):
+    stack = own_stack(repository, tmp_path)
+    text = "back after a front died"
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    try:
+        triton = stack.triton_pid()
+        flights = InFlight(stack, 6)
+        time.sleep(0.5)
+        front = stubs_serving(triton, MODEL)[0]
+        os.kill(front, signal.SIGKILL)
+        flights.join(45)
+        back_after = back_within(stack, text, expected, 60)
+        assert len(flights.outcomes) == 6, "no in-flight request hangs"
+        for outcome, seconds in flights.outcomes:
+            assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
+            assert seconds < 30, seconds
+        assert back_after < 45, f"the model was not back after {back_after:.0f} s"
+    finally:
+        assert stack.stop() == 0
+
+
+def test_a_stopped_front_holds_up_only_its_own_requests(repository, tmp_path):
+    """Measured on Triton 2.51: a request Triton hands a stopped stub fails within about 1 s
+    ("Stub process ... is not healthy"), the running front answers the others, and the server
+    aborts when the stub resumes; the watchdog restarts it (at its probe's first 500, or at the
+    abort), so every request ends and the model comes back."""
+    stack = Stack(
+        repository,
+        tmp_path / "stack",
+        {"PROBE_INTERVAL_S": "0.5"},
+        models=("minilm", MODEL),
+    )
+    _LOGS.append(stack.log_path)
+    stack.start()
+    try:
+        triton = stack.triton_pid()
+        fronts = stubs_serving(triton, MODEL)
+        assert len(fronts) == 2
+        os.kill(fronts[0], signal.SIGSTOP)
+        try:
+            stopped_at = time.monotonic()
+            flights = InFlight(stack, 8, rows=["short row"] * 4, protocol="http")
+            time.sleep(10)
+            answered_while_stopped = sum(1 for o, _ in flights.outcomes if o == "answered")
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # a Triton restart took it
+                os.kill(fronts[0], signal.SIGCONT)
+        flights.join(40)
+        assert answered_while_stopped >= 1, flights.outcomes
+        assert len(flights.outcomes) == 8, "every request ends"
+        assert time.monotonic() - stopped_at < 60
+        back = back_within(stack, "after a front stopped", None, 90)
+        assert back < 90, f"the model was not serving {back:.0f} s after the front resumed"
+    finally:
+        assert stack.stop() == 0
