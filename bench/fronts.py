@@ -2,10 +2,13 @@
 server process spends per request, on the real Triton server.
 
     python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
+                           [--table zero|table:a30|engine]
 
-Every variant serves the bench model over the emulated engine with a zero table (forwards take
-no time: what is measured is the server around the engine, its ceiling at GPU speed):
+Every variant serves the bench model over the emulated engine with a zero table by default
+(forwards take no time: what is measured is the server around the engine, its ceiling at GPU
+speed), or with ``--table engine`` over the bench model's own ONNX Runtime engine:
 - ``one process``: today's model, one instance (queue, planner and decoding in one stub);
+- ``N instances``: today's model with N instances, each its own queue (``--instances-per-gpu``);
 - ``N fronts``: the split layout, N front instances and one queue owner.
 Each measurement starts a server that loads only that variant; the variants alternate, in an
 order that flips every round, so the shared machine's drift falls on all alike. perf_analyzer
@@ -36,6 +39,7 @@ from bench.harness import (
 )
 from bench.owner_alone import cpu_seconds
 from bench.paths import ROOT
+from builder.triton_config import add_model_variant, add_split_variant, write_config
 from tools.serve import child_stubs
 from tools.triton_server import TritonServer, free_port
 
@@ -56,23 +60,37 @@ def stub_role(pid: int) -> str:
     instance = args[8].decode() if len(args) > 8 else "?"
     if "_owner_" in instance:
         return "owner"
-    return "front" if "_split" in instance else "model"
+    return "front" if "_split" in instance else "model"  # the variants' names say which
 
 
-def variant(repository: Path, fronts: int) -> str:
-    if fronts == 0:
-        name = "emulated_one"
-        add_emulated_variant(repository, SOURCE, name, "zero", instances=1)
+def variant(repository: Path, fronts: int, table: str = "zero") -> str:
+    """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
+    ``-fronts`` instances (each its own queue). ``table`` "engine" serves the bench model's own
+    ONNX Runtime engine, any other is the emulated engine's table."""
+    real = table == "engine"
+    prefix = "engine" if real else "emulated"
+    if fronts <= 0:
+        instances = max(1, -fronts)
+        name = f"{prefix}_x{instances}"
+        if real:
+            config = add_model_variant(repository, SOURCE, name)
+            config.instance_group[0].count = instances
+            write_config(config, repository / name)
+        else:
+            add_emulated_variant(repository, SOURCE, name, table, instances=instances)
     else:
-        name = f"emulated_split{fronts}"
-        add_emulated_split_variant(repository, SOURCE, name, "zero", fronts)
+        name = f"{prefix}_split{fronts}"
+        if real:
+            add_split_variant(repository, SOURCE, name, fronts)
+        else:
+            add_emulated_split_variant(repository, SOURCE, name, table, fronts)
     return name
 
 
 def serve_once(
-    repository: Path, fronts: int, concurrency: int, rows: int, tmp: Path, ms: int
+    repository: Path, fronts: int, concurrency: int, rows: int, tmp: Path, ms: int, table: str
 ) -> Served:
-    model = variant(repository, fronts)
+    model = variant(repository, fronts, table)
     loads = [model] + ([f"{model}_owner"] if fronts else [])
     server = TritonServer(
         repository,
@@ -101,21 +119,38 @@ def serve_once(
 
 
 def label(fronts: int) -> str:
-    return "one process" if fronts == 0 else f"{fronts} front{'s' if fronts > 1 else ''}"
+    if fronts > 0:
+        return f"{fronts} front{'s' if fronts > 1 else ''}"
+    return "one process" if fronts == 0 else f"{-fronts} instances"
 
 
 @reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fronts", default="1,2", help="split variants to measure beside today's")
+    parser.add_argument(
+        "--instances",
+        default="2",
+        help="today's model with this many instances, each its own queue (empty: none)",
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rows-per-request", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--table",
+        default="zero",
+        help="the emulated engine's forward time (zero, table:a30, ...), or engine: the bench "
+        "model's own ONNX Runtime engine on this CPU",
+    )
     parser.add_argument("--measurement-ms", type=int, default=6000)
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
     args = parser.parse_args(argv)
     repository, _ = build_repository(args.repository, rebuild=False)
-    variants = [0, *(int(n) for n in args.fronts.split(","))]
+    variants = [
+        0,
+        *(-int(n) for n in args.instances.split(",") if n),
+        *(int(n) for n in args.fronts.split(",") if n),
+    ]
     results: dict[int, list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -127,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.rows_per_request,
                     Path(tmp),
                     args.measurement_ms,
+                    args.table,
                 )
                 results[fronts].append(served)
                 shares = ", ".join(
@@ -141,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     base = float(np.mean([s.rows_per_s for s in results[0]]))
     base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[0]]))
     print(
-        f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request, zero-time engine, "
+        f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request, engine {args.table}, "
         f"means of {args.rounds} rounds:\n"
     )
     print(

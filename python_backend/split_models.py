@@ -119,6 +119,11 @@ class FrontModel:
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
         _send_final(sender, answer_response(self.output_name, outcome))
 
+    def is_model_ready(self) -> bool:
+        """Triton's readiness probe, where Triton asks it (later releases than 2.51): a front
+        is ready while its queue owner is connected."""
+        return self.client.wait_connected(0)
+
     def finalize(self) -> None:
         self.client.stop()
         self.metrics.flush()

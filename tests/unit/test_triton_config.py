@@ -86,3 +86,48 @@ def test_a_variant_of_a_gpu_model_keeps_its_instances(tmp_path):
     )
     variant = add_model_variant(tmp_path, "base", "variant")
     assert list(variant.instance_group[0].gpus) == [0, 1]
+
+
+def test_a_split_build_writes_fronts_and_their_owner_and_a_plain_rebuild_removes_it(tmp_path):
+    from builder.build import Progress, write_entry
+    from builder.spec import BuildSpec
+    from builder.triton_config import FRONT_MODEL_PY, OWNER_MODEL_PY
+    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+    from testkit.fake_engine import layout, manifest_for
+
+    manifest = manifest_for(layout())
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    quiet = Progress(1, quiet=True)
+    write_entry(BuildSpec(name="m", repository=tmp_path, fronts=3), manifest, version, quiet)
+    front = read_config(tmp_path / "m" / "config.pbtxt")
+    owner = read_config(tmp_path / "m_owner" / "config.pbtxt")
+    assert front.parameters[OWNER_PARAMETER].string_value == "m_owner"
+    assert [(g.kind, g.count) for g in front.instance_group] == [
+        (mc.ModelInstanceGroup.KIND_CPU, 3)
+    ]
+    assert (version / "model.py").read_text() == FRONT_MODEL_PY
+    assert owner.parameters[SERVES_PARAMETER].string_value == "m" and owner.max_batch_size == 0
+    assert [(g.kind, g.count) for g in owner.instance_group] == [
+        (mc.ModelInstanceGroup.KIND_CPU, 1)
+    ]
+    assert not owner.input, "the owner is fed by its fronts' socket, not by Triton"
+    assert (tmp_path / "m_owner" / "1" / "model.py").read_text() == OWNER_MODEL_PY
+    # the settings reach the owner's scheduler: its parameters block has them all
+    assert set(front.parameters) - {OWNER_PARAMETER} == set(owner.parameters) - {SERVES_PARAMETER}
+
+    write_entry(BuildSpec(name="m", repository=tmp_path), manifest, version, quiet)
+    assert not (tmp_path / "m_owner").exists()
+    assert (version / "model.py").read_text() == MODEL_PY
+    assert OWNER_PARAMETER not in read_config(tmp_path / "m" / "config.pbtxt").parameters
+
+
+def test_fronts_and_instances_per_gpu_exclude_each_other():
+    import pytest
+
+    from builder.spec import BuildError, BuildSpec
+
+    with pytest.raises(BuildError, match="--fronts and --instances-per-gpu"):
+        BuildSpec(engine="tensorrt", fronts=2, instances_per_gpu=2).validate()
+    with pytest.raises(BuildError, match="--fronts must be >= 0"):
+        BuildSpec(fronts=-1).validate()
