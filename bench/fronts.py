@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.errors import reports_errors
+from bench.errors import BenchError, reports_errors
 from bench.harness import (
     add_emulated_split_variant,
     add_emulated_variant,
@@ -91,7 +91,7 @@ def serve_once(
     repository: Path, fronts: int, concurrency: int, rows: int, tmp: Path, ms: int, table: str
 ) -> Served:
     model = variant(repository, fronts, table)
-    loads = [model] + ([f"{model}_owner"] if fronts else [])
+    loads = [model] + ([f"{model}_owner"] if fronts > 0 else [])
     server = TritonServer(
         repository,
         free_port(),
@@ -100,7 +100,16 @@ def serve_once(
         log_path=tmp / f"triton-{model}.log",
         extra_args=[*(f"--load-model={m}" for m in loads), "--model-control-mode=explicit"],
     )
-    with server:
+    try:
+        server.start()
+        server.wait_ready()
+    except RuntimeError as err:
+        server.stop()
+        log = (tmp / f"triton-{model}.log").read_text(errors="replace")[-6000:]
+        raise BenchError(
+            f"the server of {model} did not start ({err}); its log ends:\n{log}"
+        ) from None
+    try:
         assert server.process is not None
         warm_up(server, tmp, (model,), concurrency)
         pids = {server.process.pid: "triton"} | {
@@ -113,6 +122,8 @@ def serve_once(
         spent: dict[str, float] = defaultdict(float)
         for pid, role in pids.items():
             spent[role] += cpu_seconds(pid) - before[pid]
+    finally:
+        server.stop()
     requests_per_s = point.rows_per_s / rows
     per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
     return Served(point.rows_per_s, point.p99_ms, stable, per_request)
