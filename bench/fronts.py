@@ -41,7 +41,7 @@ from bench.owner_alone import cpu_seconds
 from bench.paths import ROOT
 from builder.triton_config import add_model_variant, add_split_variant, write_config
 from tools.serve import child_stubs
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer
 
 SOURCE = "planner_dp"
 
@@ -92,14 +92,7 @@ def serve_once(
 ) -> Served:
     model = variant(repository, fronts, table)
     loads = [model] + ([f"{model}_owner"] if fronts > 0 else [])
-    server = TritonServer(
-        repository,
-        free_port(),
-        free_port(),
-        free_port(),
-        log_path=tmp / f"triton-{model}.log",
-        extra_args=[*(f"--load-model={m}" for m in loads), "--model-control-mode=explicit"],
-    )
+    server = TritonServer.loading_only(repository, tuple(loads), tmp / f"triton-{model}.log")
     try:
         server.start()
         server.wait_ready()

@@ -27,7 +27,7 @@ from bench.harness import add_emulated_variant, build_repository, measure, warm_
 from bench.paths import ROOT
 from python_backend.contract import INSTANCE_LABEL
 from testkit.prometheus import samples_of, scrape, sum_by
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer
 
 
 def by_instance(metrics_url: str, name: str, model: str) -> dict[str, float]:
@@ -38,14 +38,7 @@ def by_instance(metrics_url: str, name: str, model: str) -> dict[str, float]:
 def run(instances: int, repository: Path, table: str, concurrency: int, tmp: Path, ms: int):
     model = f"emulated_x{instances}"
     add_emulated_variant(repository, "planner_dp", model, table, instances)
-    server = TritonServer(
-        repository,
-        free_port(),
-        free_port(),
-        free_port(),
-        log_path=tmp / f"triton-{model}.log",
-        extra_args=[f"--load-model={model}", "--model-control-mode=explicit"],
-    )
+    server = TritonServer.loading_only(repository, (model,), tmp / f"triton-{model}.log")
     with server:
         warm_up(server, tmp, (model,), concurrency)
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"

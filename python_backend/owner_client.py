@@ -39,6 +39,7 @@ from python_backend.owner_wire import (
     decode_answers,
     encode_cancel,
     encode_submit,
+    received,
 )
 from python_backend.scheduler import Answer, Outcome
 
@@ -207,12 +208,7 @@ class OwnerClient:
         return True
 
     def _receive_all(self, socket: zmq.Socket) -> None:
-        while True:
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            body = [f.buffer for f in frames]
+        for _, body in received(socket):
             if bytes(body[0]) != ANSWERS:
                 self.log(f"a message of unknown kind from the queue owner: {bytes(body[0])[:32]!r}")
                 continue

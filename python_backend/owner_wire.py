@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import zmq
 
 from python_backend.contract import Reason, ServeError
 
@@ -80,6 +81,23 @@ def _column(frame: Frame, dtype: type, what: str) -> np.ndarray:
     return np.frombuffer(frame, dtype=dtype)
 
 
+def _spans(counts: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each request's rows in the message's rows, from its row counts."""
+    ends = np.cumsum(counts).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def received(socket: zmq.Socket, skip: int = 0) -> Iterator[tuple[list[zmq.Frame], list[Frame]]]:
+    """Every message waiting on ``socket``, without blocking: its frames, and the bytes of each
+    after the first ``skip`` (the ROUTER's peer identity) as views, not copies."""
+    while True:
+        try:
+            frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        yield frames, [f.buffer for f in frames[skip:]]
+
+
 def encode_submit(
     request_ids: Sequence[int], rows: Sequence[Sequence[np.ndarray]], timeouts_s: Sequence[float]
 ) -> list[Frame]:
@@ -116,15 +134,12 @@ def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
         raise WireError("a request with no rows or a row with no tokens")
     wide = tokens.astype(np.int64)  # one conversion for the whole message
     rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
-    out, at = [], 0
-    for request_id, n, timeout in zip(
-        request_ids.tolist(), rows_per.tolist(), timeouts.tolist(), strict=True
-    ):
-        out.append(
-            Submitted(request_id, rows[at : at + n], None if math.isnan(timeout) else timeout)
+    return [
+        Submitted(request_id, rows[a:b], None if math.isnan(timeout) else timeout)
+        for request_id, (a, b), timeout in zip(
+            request_ids.tolist(), _spans(rows_per), timeouts.tolist(), strict=True
         )
-        at += n
-    return out
+    ]
 
 
 def encode_cancel(request_ids: Sequence[int]) -> list[Frame]:
@@ -175,10 +190,10 @@ def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered],
     if len(outputs) != total * width:
         raise WireError(f"{len(outputs)} output values for {total} rows of width {width}")
     outputs = outputs.reshape(total, width)
-    answered, at = [], 0
-    for request_id, n in zip(request_ids.tolist(), rows_per.tolist(), strict=True):
-        answered.append(Answered(request_id, outputs[at : at + n], num_tokens[at : at + n]))
-        at += n
+    answered = [
+        Answered(request_id, outputs[a:b], num_tokens[a:b])
+        for request_id, (a, b) in zip(request_ids.tolist(), _spans(rows_per), strict=True)
+    ]
     failed = [
         Failed(int(request_id), ServeError(Reason(reason), message))
         for request_id, reason, message in json.loads(bytes(frames[5]))

@@ -38,10 +38,12 @@ from python_backend.owner_wire import (
     SUBMIT,
     Answered,
     Failed,
+    Frame,
     WireError,
     decode_cancel,
     decode_submit,
     encode_answers,
+    received,
 )
 from python_backend.scheduler import Answer, Outcome, Request, Scheduler
 
@@ -179,14 +181,9 @@ class QueueOwner:
             socket.close(linger=0)
 
     def _receive_all(self, socket: zmq.Socket) -> None:
-        while True:
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames, body in received(socket, skip=1):
             front, kind = frames[0].bytes, frames[1].bytes if len(frames) > 1 else b""
             self._last_heard[front] = self.clock()
-            body = [f.buffer for f in frames[1:]]
             try:
                 if kind == SUBMIT:
                     self._submit(front, body)
@@ -200,7 +197,7 @@ class QueueOwner:
             except WireError as err:  # a front of another version: say so, drop the message
                 self.log(f"queue owner: a message from a front did not decode: {err}")
 
-    def _submit(self, front: bytes, body: list[memoryview]) -> None:
+    def _submit(self, front: bytes, body: list[Frame]) -> None:
         now = self.clock()
         tickets = self._live.setdefault(front, {})
         for submitted in decode_submit(body):

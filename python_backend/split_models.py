@@ -40,6 +40,7 @@ from python_backend.scheduler import Outcome
 from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
     _send_final,
+    admit_each,
     answer_response,
     parse_args,
     planner_scheduler,
@@ -92,23 +93,14 @@ class FrontModel:
         pb_utils.Logger.log_info(f"{self.instance_name}: a front of {owner}, at {endpoint}")
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                rows, timeout_s = self.decoder.decode(request)
-            except ServeError as err:
-                self._refuse(sender, err)
-                continue
-            except Exception as err:  # a bug must cost one request, never the batch of them
-                pb_utils.Logger.log_error(f"{self.instance_name}: decoding failed: {err!r}")
-                self._refuse(
-                    sender, ServeError(Reason.INTERNAL, "the server could not decode this request")
-                )
-                continue
-            self.client.submit(
-                rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
-            )
+        admit_each(requests, self._admit, self._refuse, self.instance_name)
         return None
+
+    def _admit(self, request: Any, sender: Any) -> None:
+        rows, timeout_s = self.decoder.decode(request)
+        self.client.submit(
+            rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
+        )
 
     def _refuse(self, sender: Any, error: ServeError) -> None:
         self.metrics.refused(error.reason)

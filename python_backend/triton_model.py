@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,6 +47,27 @@ def _error_response(message: str, code_name: str) -> Any:
 def _send_final(sender: Any, response: Any) -> None:
     """The one response of a request (the model is not decoupled: it closes the request)."""
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def admit_each(
+    requests: list[Any],
+    admit: Callable[[Any, Any], None],
+    refuse: Callable[[Any, ServeError], None],
+    instance_name: str,
+) -> None:
+    """``admit(request, sender)`` for each request Triton hands ``execute``: it decodes the
+    request and queues it, or raises the ServeError it is refused with, which ``refuse`` answers
+    at once. A bug while decoding costs that one request, never the others."""
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            admit(request, sender)
+        except ServeError as err:
+            refuse(sender, err)
+        except Exception as err:
+            # the client reads no exception text (it may hold the server's internals)
+            pb_utils.Logger.log_error(f"{instance_name}: decoding failed: {err!r}")
+            refuse(sender, ServeError(Reason.INTERNAL, "the server could not decode this request"))
 
 
 @dataclass(frozen=True)
@@ -208,22 +230,11 @@ class TritonPythonModel:
         return open_engine(manifest, version_dir, device_id=device_id)
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                pending = self._decode(request, sender)
-            except ServeError as err:
-                self._refuse(sender, err)
-                continue
-            except Exception as err:  # a bug must cost one request, never the batch of them
-                # the client reads no exception text (it may hold the server's internals)
-                pb_utils.Logger.log_error(f"{self.instance_name}: decoding failed: {err!r}")
-                self._refuse(
-                    sender, ServeError(Reason.INTERNAL, "the server could not decode this request")
-                )
-                continue
-            self.scheduler.submit(pending)
+        admit_each(requests, self._admit, self._refuse, self.instance_name)
         return None
+
+    def _admit(self, request: Any, sender: Any) -> None:
+        self.scheduler.submit(self._decode(request, sender))
 
     def _refuse(self, sender: Any, error: ServeError) -> None:
         """Answers a request refused before it reached the queue."""

@@ -19,6 +19,15 @@ from tests.e2e.conftest import start_server
 TOLERANCE = 1e-4
 
 
+def request_spans(rows: int, seed: int) -> list[tuple[int, int]]:
+    """Rows 0..rows cut into requests of 1 to 4 rows: (start, end) of each."""
+    rng = np.random.default_rng(seed)
+    cuts = np.cumsum(rng.integers(1, 5, size=rows))
+    cuts = cuts[cuts < rows]
+    starts, ends = np.concatenate([[0], cuts]), np.concatenate([cuts, [rows]])
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
 def metric_samples(server, name: str, **labels: str) -> list[Sample]:
     return samples_of(scrape(f"http://127.0.0.1:{server.metrics_port}/metrics"), name, **labels)
 
@@ -72,13 +81,8 @@ def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference
     texts = corpus_rows(400, seed=11)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
-    rng = np.random.default_rng(5)
     # requests of 1..4 rows, random lengths, alternating protocols
-    cuts = np.cumsum(rng.integers(1, 5, size=200))
-    cuts = cuts[cuts < len(texts)]
-    spans = list(
-        zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(texts)]]), strict=True)
-    )
+    spans = request_spans(len(texts), seed=5)
     forwards_before = total(server, "planner_forwards_total")
     rows_before = total(server, "planner_rows_total")
 

@@ -10,7 +10,7 @@ import pytest
 
 from builder.corpus import corpus_rows
 from testkit.triton_clients import PROTOCOLS, client, infer, infer_error, text_inputs
-from tests.e2e.test_serving import TOLERANCE, metric_samples, total
+from tests.e2e.test_serving import TOLERANCE, metric_samples, request_spans, total
 
 MODEL = "minilm_split"
 
@@ -21,12 +21,7 @@ def test_concurrent_requests_through_both_fronts_get_their_own_rows(
     texts = corpus_rows(300, seed=23)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
-    rng = np.random.default_rng(9)
-    cuts = np.cumsum(rng.integers(1, 5, size=150))
-    cuts = cuts[cuts < len(texts)]
-    spans = list(
-        zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(texts)]]), strict=True)
-    )
+    spans = request_spans(len(texts), seed=9)
     forwards_before = total(server, "planner_forwards_total", model=MODEL)
 
     def send(k: int):

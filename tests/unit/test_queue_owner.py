@@ -213,6 +213,10 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
         client.submit([np.arange(1, 60)], answers.respond_for(1))
         time.sleep(0.2)
         owner._last_heard[client.identity] = -1e9  # as if the front had been stopped for long
+        deadline = time.monotonic() + WAIT_S  # the I/O thread marks its tickets a moment later
+        while not all(t.cancelled for t in owner._live.get(client.identity, {}).values()):
+            assert time.monotonic() < deadline, "the silent front's tickets were never marked"
+            time.sleep(0.01)
         gate.set()
         answers.wait(2)
         assert isinstance(answers.outcomes[0], Answer)
