@@ -40,6 +40,7 @@ from bench.harness import (
 from bench.owner_alone import cpu_seconds
 from bench.paths import ROOT
 from builder.triton_config import add_model_variant, add_split_variant, write_config
+from testkit.prometheus import samples_of, scrape
 from tools.serve import child_stubs
 from tools.triton_server import TritonServer
 
@@ -52,6 +53,7 @@ class Served:
     p99_ms: float
     stable: bool
     cpu_us_per_request: dict[str, float]  # by process role: triton, front(s), owner, model
+    rows_per_forward: float  # what the planners made of the rows they saw
 
 
 def stub_role(pid: int) -> str:
@@ -108,10 +110,14 @@ def serve_once(
         pids = {server.process.pid: "triton"} | {
             pid: stub_role(pid) for pid in child_stubs(server.process.pid)
         }
+        metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        counted_before = forward_counts(metrics, model)
         before = {pid: cpu_seconds(pid) for pid in pids}
         started = time.monotonic()
         point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
         wall = time.monotonic() - started
+        time.sleep(0.6)  # the models publish their metrics every 0.25 s
+        counted = forward_counts(metrics, model)
         spent: dict[str, float] = defaultdict(float)
         for pid, role in pids.items():
             spent[role] += cpu_seconds(pid) - before[pid]
@@ -119,7 +125,18 @@ def serve_once(
         server.stop()
     requests_per_s = point.rows_per_s / rows
     per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
-    return Served(point.rows_per_s, point.p99_ms, stable, per_request)
+    forwards = counted[1] - counted_before[1]
+    per_forward = (counted[0] - counted_before[0]) / forwards if forwards else float("nan")
+    return Served(point.rows_per_s, point.p99_ms, stable, per_request, per_forward)
+
+
+def forward_counts(metrics_url: str, model: str) -> tuple[float, float]:
+    """(rows, forwards) the model's planners have run, summed over its instances."""
+    text = scrape(metrics_url)
+    return (
+        sum(s.value for s in samples_of(text, "planner_rows_total", model=model)),
+        sum(s.value for s in samples_of(text, "planner_forwards_total", model=model)),
+    )
 
 
 def label(fronts: int) -> str:
@@ -174,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"round {r + 1} {label(fronts):<12} {served.rows_per_s:8.0f} rows/s  "
-                    f"p99 {served.p99_ms:6.0f} ms  CPU us/request: {shares}"
-                    + ("" if served.stable else " (unstable)"),
+                    f"p99 {served.p99_ms:6.0f} ms  rows/forward {served.rows_per_forward:5.1f}  "
+                    f"CPU us/request: {shares}" + ("" if served.stable else " (unstable)"),
                     flush=True,
                 )
     base = float(np.mean([s.rows_per_s for s in results[0]]))
@@ -185,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         f"means of {args.rounds} rounds:\n"
     )
     print(
-        "| layout | rows/s (each round) | mean rows/s | vs one process | server CPU us/request "
-        "(by process) | CPU vs one process |"
+        "| layout | rows/s (each round) | mean rows/s | vs one process | rows per forward "
+        "| server CPU us/request (by process) | CPU vs one process |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for fronts in variants:
         runs = results[fronts]
         rate = float(np.mean([s.rows_per_s for s in runs]))
@@ -197,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             k: float(np.mean([s.cpu_us_per_request.get(k, 0.0) for s in runs])) for k in roles
         }
         cpu = sum(by_role.values())
+        per_forward = float(np.mean([s.rows_per_forward for s in runs]))
         print(
             f"| {label(fronts)} | {', '.join(f'{s.rows_per_s:.0f}' for s in runs)} | {rate:.0f} "
-            f"| {rate / base:.2f}x | {cpu:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in by_role.items())}) "
+            f"| {rate / base:.2f}x | {per_forward:.1f} | {cpu:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in by_role.items())}) "
             f"| {cpu / base_cpu:.2f}x |"
         )
     return 0
