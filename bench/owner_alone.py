@@ -1,12 +1,14 @@
 """The queue owner alone: no Triton, requests from another process over the owner's socket.
 
-    python -m bench.owner_alone [--rows-per-request 1,64] [--clients 64] [--seconds 5] [--rounds 3]
+    python -m bench.owner_alone [--rows-per-request 1,64] [--feeders 1,2] [--clients 64]
+                                [--seconds 5] [--rounds 3]
 
 The owner (``python_backend.queue_owner`` over the scheduler, a zero-time engine of a default
 TensorRT build's layout, 384 outputs a row) runs in its own process pinned to core 0 with
-``taskset``. A feeder process pinned to core 1 keeps ``--clients`` requests in flight through
-one ``OwnerClient`` (the front's side): each answer sends the next request, so the messages are
-the batches a front sends at that load. Rows are real request lengths
+``taskset``. Feeder processes pinned to core 1 (``--feeders``, as many fronts) keep
+``--clients`` requests in flight between them, each through one ``OwnerClient`` (the front's
+side): each answer sends the next request, so the messages are the batches fronts send at that
+load. Rows are real request lengths
 (bench/data/request_lengths.txt) with random token ids.
 
 Both processes' CPU is read from /proc, so the table says which side was the limit: rows/s per
@@ -130,8 +132,11 @@ def pinned(core: int) -> list[str]:
     return ["taskset", "-c", str(core)] if shutil.which("taskset") and os.cpu_count() else []
 
 
-def one_round(rows_per_request: int, clients: int, seconds: float) -> tuple[float, float, float]:
-    """(rows/s, owner's share of its core, feeder's share of its core)."""
+def one_round(
+    rows_per_request: int, clients: int, seconds: float, feeders: int = 1
+) -> tuple[float, float, float]:
+    """(rows/s, owner's share of its core, the feeders' share of theirs): ``feeders`` processes
+    (as many fronts), ``clients`` requests in flight between them."""
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/owner.sock"
         owner = subprocess.Popen(
@@ -145,35 +150,47 @@ def one_round(rows_per_request: int, clients: int, seconds: float) -> tuple[floa
             assert owner.stdout is not None
             if owner.stdout.readline().strip() != "ready":
                 raise BenchError("the owner process did not start")
-            fed = subprocess.run(
-                [
-                    *pinned(1 if (os.cpu_count() or 1) > 1 else 0),
-                    sys.executable,
-                    "-m",
-                    "bench.owner_alone",
-                    "--feed",
-                    endpoint,
-                    "--owner-pid",
-                    str(owner.pid),
-                    "--rows-per-request",
-                    str(rows_per_request),
-                    "--clients",
-                    str(clients),
-                    "--seconds",
-                    str(seconds),
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if fed.returncode != 0:
-                raise BenchError(f"the feeder failed: {fed.stderr[-2000:]}")
-            rows, owner_cpu, feeder_cpu, wall = map(float, fed.stdout.split()[-4:])
+            feeding = [
+                subprocess.Popen(
+                    [
+                        *pinned(1 if (os.cpu_count() or 1) > 1 else 0),
+                        sys.executable,
+                        "-m",
+                        "bench.owner_alone",
+                        "--feed",
+                        endpoint,
+                        "--owner-pid",
+                        str(owner.pid),
+                        "--rows-per-request",
+                        str(rows_per_request),
+                        "--clients",
+                        str(max(1, clients // feeders)),
+                        "--seconds",
+                        str(seconds),
+                    ],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(feeders)
+            ]
+            results = []
+            for feeder in feeding:
+                out, err = feeder.communicate(timeout=seconds + 60)
+                if feeder.returncode != 0:
+                    raise BenchError(f"a feeder failed: {err[-2000:]}")
+                results.append(list(map(float, out.split()[-4:])))
         finally:
             if owner.stdin is not None:
                 owner.stdin.close()
             owner.wait(10)
+    # the feeders measure the same window, give or take their start: rows add up, the owner's
+    # CPU is read by each over its own window (their mean), the feeders' CPU adds up
+    wall = float(np.mean([r[3] for r in results]))
+    rows = sum(r[0] for r in results)
+    owner_cpu = float(np.mean([r[1] for r in results]))
+    feeder_cpu = sum(r[2] for r in results)
     return rows / wall, owner_cpu / wall, feeder_cpu / wall
 
 
@@ -184,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--feeders", default="1", help="feeder processes (as many fronts), comma-separated"
+    )
     parser.add_argument("--serve", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--feed", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
@@ -198,17 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(n) for n in args.rows_per_request.split(",")]
     print(
-        "| rows per request | round | rows/s | owner CPU (share of its core) | feeder CPU | "
-        "rows per owner CPU-second |\n|---|---|---|---|---|---|"
+        "| rows per request | feeders | round | rows/s | owner CPU (share of its core) "
+        "| feeders' CPU | rows per owner CPU-second |\n|---|---|---|---|---|---|---|"
     )
     for n in sizes:
-        for r in range(args.rounds):
-            rate, owner_share, feeder_share = one_round(n, args.clients, args.seconds)
-            print(
-                f"| {n} | {r + 1} | {rate:.0f} | {owner_share:.0%} | {feeder_share:.0%} | "
-                f"{rate / max(owner_share, 1e-9):.0f} |",
-                flush=True,
-            )
+        for feeders in (int(f) for f in args.feeders.split(",")):
+            for r in range(args.rounds):
+                rate, owner_share, feeder_share = one_round(n, args.clients, args.seconds, feeders)
+                print(
+                    f"| {n} | {feeders} | {r + 1} | {rate:.0f} | {owner_share:.0%} "
+                    f"| {feeder_share:.0%} | {rate / max(owner_share, 1e-9):.0f} |",
+                    flush=True,
+                )
     return 0
 
 

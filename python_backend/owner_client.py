@@ -145,7 +145,10 @@ class OwnerClient:
                 if monitor in events:
                     self._connection_events(monitor)
                 if socket in events:
-                    self._receive_all(socket)
+                    try:
+                        self._receive_all(socket)
+                    except Exception as err:  # never end the thread: every request needs it
+                        self.log(f"receiving from the queue owner failed: {err!r}")
                 if self._wake in events:
                     with contextlib.suppress(BlockingIOError):
                         os.eventfd_read(self._wake)

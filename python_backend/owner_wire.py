@@ -50,7 +50,7 @@ class WireError(ValueError):
     """A message that does not decode: its frames disagree or are of the wrong size."""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)
 class Submitted:
     """One request as the owner receives it."""
 
@@ -59,7 +59,7 @@ class Submitted:
     timeout_s: float | None  # seconds it may still wait, measured when the front sent it
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)
 class Answered:
     """One request's outputs as the front receives them."""
 
@@ -84,7 +84,7 @@ def _column(frame: Frame, dtype: type, what: str) -> np.ndarray:
 def _spans(counts: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) of each request's rows in the message's rows, from its row counts."""
     ends = np.cumsum(counts).tolist()
-    return list(zip([0, *ends[:-1]], ends, strict=True))
+    return list(zip([0, *ends][: len(ends)], ends, strict=True))
 
 
 def received(socket: zmq.Socket, skip: int = 0) -> Iterator[tuple[list[zmq.Frame], list[Frame]]]:

@@ -50,6 +50,13 @@ def test_the_builder_runs_a_build_command_line_the_builder_accepts(compose):
     add_cli_args(parser)
     spec = from_cli_args(parser.parse_args(command[4:])).validate()
     assert spec.engine == "tensorrt" and spec.instances_per_gpu == 1
+    # compose restates the builder's own defaults: fronts per GPU, instances per GPU
+    from builder.spec import BuildSpec
+
+    assert (spec.fronts, spec.instances_per_gpu) == (
+        BuildSpec().fronts,
+        BuildSpec().instances_per_gpu,
+    )
 
 
 def test_server_starts_after_the_builder_completed_and_reports_health(compose):

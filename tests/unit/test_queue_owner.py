@@ -99,6 +99,11 @@ def test_the_wire_round_trips_and_refuses_frames_that_disagree():
     assert str(failed[0].error) == "late"
     with pytest.raises(WireError, match="width"):
         decode_answers(answer_frames, WIDTH + 1)
+    # a message of failures only (no outputs at all), and an empty one
+    only_failed = encode_answers([], [Failed(9, ServeError(Reason.CANCELLED, "gone"))], WIDTH)
+    assert decode_answers(only_failed, WIDTH)[0] == []
+    assert [f.request_id for f in decode_answers(only_failed, WIDTH)[1]] == [9]
+    assert decode_submit(encode_submit([], [], [])) == []
 
 
 def test_every_request_gets_its_own_rows_outputs_once(endpoint):
