@@ -94,6 +94,22 @@ class OwnerClient:
         """True once an owner is connected (a front may start before its owner)."""
         return self._connected.wait(timeout_s)
 
+    def wait_for_owner(self, timeout_s: float, failure_file: str) -> None:
+        """Returns once the owner is connected; raises RuntimeError at ``timeout_s``, or at once
+        when the owner left its failure's reason in ``failure_file`` (it failed to start)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._connected.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            try:
+                with open(failure_file) as reason:
+                    raise RuntimeError(f"the queue owner failed to start: {reason.read()}")
+            except FileNotFoundError:
+                pass
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"the queue owner did not accept a connection at {self.endpoint} within "
+                    f"{timeout_s:.0f} s: is it in the repository and loaded?"
+                )
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops; whatever is still in flight is answered as a shutdown."""
         self._stop.set()

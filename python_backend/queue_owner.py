@@ -254,3 +254,19 @@ def owner_endpoint(directory: str, model_name: str, device_id: int) -> str:
         raise RuntimeError(f"{directory} belongs to another user: choose another socket directory")
     os.chmod(directory, 0o700)
     return f"ipc://{os.path.join(directory, f'{model_name}-{device_id}.sock')}"
+
+
+def failure_file(endpoint: str) -> str:
+    """Where an owner that failed to start leaves its reason, beside its socket, so that its
+    fronts, waiting for it, fail at once with that reason instead of at their timeout."""
+    return endpoint.removeprefix("ipc://") + ".failed"
+
+
+def record_failure(endpoint: str, reason: str) -> None:
+    with contextlib.suppress(OSError), open(failure_file(endpoint), "w") as out:
+        out.write(reason)
+
+
+def clear_failure(endpoint: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(failure_file(endpoint))

@@ -35,7 +35,13 @@ from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
 from python_backend.owner_client import OwnerClient
-from python_backend.queue_owner import QueueOwner, owner_endpoint
+from python_backend.queue_owner import (
+    QueueOwner,
+    clear_failure,
+    failure_file,
+    owner_endpoint,
+    record_failure,
+)
 from python_backend.scheduler import Outcome
 from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
@@ -84,12 +90,11 @@ class FrontModel:
             tick=self.metrics.flush_if_due,
         )
         self.client.start()
-        if not self.client.wait_connected(OWNER_WAIT_S):
+        try:
+            self.client.wait_for_owner(OWNER_WAIT_S, failure_file(endpoint))
+        except RuntimeError as err:
             self.client.stop()
-            raise RuntimeError(
-                f"{self.instance_name}: the queue owner {owner!r} did not accept a connection "
-                f"at {endpoint} within {OWNER_WAIT_S:.0f} s: is it in the repository and loaded?"
-            )
+            raise RuntimeError(f"{self.instance_name} ({owner!r}): {err}") from None
         pb_utils.Logger.log_info(f"{self.instance_name}: a front of {owner}, at {endpoint}")
 
     def execute(self, requests: list[Any]) -> None:
@@ -124,6 +129,15 @@ class FrontModel:
 class OwnerModel:
     def initialize(self, args: dict[str, str]) -> None:
         instance = parse_args(args)
+        endpoint = owner_endpoint(socket_dir(), instance.model_name, instance.device_id)
+        try:
+            self._start(instance, endpoint)
+        except Exception as err:  # its fronts are waiting: tell them why, then fail the load
+            record_failure(endpoint, f"{type(err).__name__}: {err}")
+            raise
+        clear_failure(endpoint)
+
+    def _start(self, instance: Any, endpoint: str) -> None:
         served = _parameter(instance.parameters, SERVES_PARAMETER)
         self.instance_name = instance.instance_name
         # the served model's files, settings and metric labels: to a user, this is that model
@@ -137,7 +151,6 @@ class OwnerModel:
         self.engine = engine
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
         scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
-        endpoint = owner_endpoint(socket_dir(), instance.model_name, instance.device_id)
         self.owner = QueueOwner(
             scheduler, endpoint, manifest.output_dim, log=pb_utils.Logger.log_warn
         )

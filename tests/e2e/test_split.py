@@ -3,6 +3,7 @@ owner plans and runs every row (python_backend/split_models.py)."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -55,3 +56,26 @@ def test_a_bad_request_is_refused_by_the_front_with_its_reason(server, protocol)
 def test_the_owner_refuses_a_request_sent_to_it(server):
     error = infer_error(client(server, "http"), "minilm_split_owner", [])
     assert "queue owner" in str(error) and "minilm_split_owner" in str(error)
+
+
+def test_an_owner_that_fails_to_load_fails_its_fronts_at_once_with_its_reason(repository, tmp_path):
+    from builder.triton_config import add_split_variant, read_config, write_config
+    from tools.triton_server import TritonServer
+
+    own = tmp_path / "repository"
+    own.mkdir()
+    (own / "minilm").symlink_to(repository / "minilm", target_is_directory=True)
+    add_split_variant(own, "minilm", "broken", fronts=1)
+    config = read_config(own / "broken_owner" / "config.pbtxt")
+    config.parameters["serves"].string_value = "no_such_model"  # its manifest cannot be read
+    write_config(config, own / "broken_owner")
+    log = tmp_path / "triton.log"
+    server = TritonServer.loading_only(own, ("broken", "broken_owner"), log)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited"):
+        server.start()
+        server.wait_ready(120)
+    server.stop()
+    text = log.read_text(errors="replace")
+    assert "the queue owner failed to start" in text and "no_such_model" in text, text[-3000:]
+    assert time.monotonic() - started < 60, "the front did not wait out its whole timeout"

@@ -231,3 +231,27 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
     finally:
         client.stop()
         owner.stop(5.0)
+
+
+def test_a_front_waiting_for_its_owner_fails_at_once_with_the_owners_reason(endpoint):
+    from python_backend.queue_owner import clear_failure, failure_file, record_failure
+
+    client = OwnerClient(endpoint, WIDTH)
+    client.start()
+    try:
+        with pytest.raises(RuntimeError, match="did not accept a connection"):
+            client.wait_for_owner(0.3, failure_file(endpoint))
+        record_failure(endpoint, "EngineError: out of memory loading the plan")
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="failed to start: EngineError: out of memory"):
+            client.wait_for_owner(60.0, failure_file(endpoint))
+        assert time.monotonic() - started < 5
+        clear_failure(endpoint)  # as an owner that starts does
+        owner = fake_owner(endpoint)
+        owner.start()
+        try:
+            client.wait_for_owner(WAIT_S, failure_file(endpoint))
+        finally:
+            owner.stop(5.0)
+    finally:
+        client.stop()
