@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from python_backend.owner_wire import (
     ANSWERS,
     HEARTBEAT,
     NO_DEADLINE,
+    Wakeup,
     WireError,
     decode_answers,
     encode_cancel,
@@ -80,8 +80,7 @@ class OwnerClient:
         self._ids = itertools.count()
         self._outgoing: deque[tuple[int, list[np.ndarray], float, _InFlight]] = deque()
         self._in_flight: dict[int, _InFlight] = {}
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._wake_armed = False
+        self._wake = Wakeup()  # requests were submitted: one wake-up for all of them
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,10 +112,10 @@ class OwnerClient:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops; whatever is still in flight is answered as a shutdown."""
         self._stop.set()
-        os.eventfd_write(self._wake, 1)
+        self._wake.force()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        os.close(self._wake)
+        self._wake.close()
 
     def submit(
         self,
@@ -133,9 +132,7 @@ class OwnerClient:
             return
         timeout = NO_DEADLINE if timeout_s is None else timeout_s
         self._outgoing.append((next(self._ids), rows, timeout, entry))
-        if not self._wake_armed:  # one wake-up for everything submitted meanwhile
-            self._wake_armed = True
-            os.eventfd_write(self._wake, 1)
+        self._wake.signal()
 
     # -- the I/O thread ---------------------------------------------------------------------------
 
@@ -152,7 +149,7 @@ class OwnerClient:
         monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         socket.connect(self.endpoint)
         poller = zmq.Poller()
-        for source in (socket, monitor, self._wake):
+        for source in (socket, monitor, self._wake.fd):
             poller.register(source, zmq.POLLIN)
         last_sent = last_polled = time.monotonic()
         try:
@@ -165,12 +162,8 @@ class OwnerClient:
                         self._receive_all(socket)
                     except Exception as err:  # never end the thread: every request needs it
                         self.log(f"receiving from the queue owner failed: {err!r}")
-                if self._wake in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(self._wake)
-                    # after the read, before draining: a later submit finds it clear and wakes
-                    # the next poll; one that came earlier is in what is drained now
-                    self._wake_armed = False
+                if self._wake.fd in events:
+                    self._wake.take()
                 if self._outgoing and self._send_pending(socket):
                     last_sent = time.monotonic()
                 now = time.monotonic()

@@ -20,8 +20,10 @@ never misassign a row.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -96,6 +98,37 @@ def received(socket: zmq.Socket, skip: int = 0) -> Iterator[tuple[list[zmq.Frame
         except zmq.Again:
             return
         yield frames, [f.buffer for f in frames[skip:]]
+
+
+class Wakeup:
+    """Wakes an I/O thread polling ZeroMQ sockets when another thread has queued work for it:
+    an eventfd (the poller takes its descriptor), written at most once until the I/O thread
+    takes the wake-up, so a burst of work costs one write and one wake."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._armed = False  # a wake-up is on its way: work queued meanwhile rides on it
+
+    def signal(self) -> None:
+        """After queuing work: wakes the I/O thread unless a wake-up is already pending."""
+        if not self._armed:
+            self._armed = True
+            os.eventfd_write(self.fd, 1)
+
+    def force(self) -> None:
+        """Wakes the I/O thread whatever is pending (to stop it)."""
+        os.eventfd_write(self.fd, 1)
+
+    def take(self) -> None:
+        """The I/O thread, woken, before it drains the queued work. Read, then clear: work
+        queued after the clear signals again and wakes the next poll; work queued before it is
+        in what is drained now."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
+        self._armed = False
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def encode_submit(

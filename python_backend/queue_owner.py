@@ -39,6 +39,7 @@ from python_backend.owner_wire import (
     Answered,
     Failed,
     Frame,
+    Wakeup,
     WireError,
     decode_cancel,
     decode_submit,
@@ -83,10 +84,8 @@ class QueueOwner:
         self.clock = clock
         self.log = log
         self._context: zmq.Context = zmq.Context.instance()
-        self._socket: zmq.Socket | None = None
         self._ready: collections.deque[tuple[bytes, int, Outcome]] = collections.deque()
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._wake_armed = False  # a wake-up is on its way: answers added meanwhile ride on it
+        self._wake = Wakeup()  # the scheduler's answers are ready: one wake-up per step
         # every request submitted and not yet answered, by front and id: its ticket is marked
         # when its front sends CANCEL or falls silent (a late CANCEL finds nothing to mark)
         self._live: dict[bytes, dict[int, _Ticket]] = {}
@@ -114,19 +113,17 @@ class QueueOwner:
         Returns the scheduler's verdict: False when a forward was still running."""
         drained = self.scheduler.stop(timeout_s)
         self._stop.set()
-        os.eventfd_write(self._wake, 1)
+        self._wake.force()
         if self._thread is not None:
             self._thread.join(5.0)
-        os.close(self._wake)
+        self._wake.close()
         return drained
 
     # -- what the scheduler calls -----------------------------------------------------------------
 
     def _respond(self, front: bytes, request_id: int, outcome: Outcome) -> None:
         self._ready.append((front, request_id, outcome))
-        if not self._wake_armed:  # one wake-up for all the answers of a step
-            self._wake_armed = True
-            os.eventfd_write(self._wake, 1)
+        self._wake.signal()
 
     def _mark_silent_fronts(self) -> None:
         """Marks the tickets of every front silent for ``front_silent_s`` (checked by the I/O
@@ -154,11 +151,10 @@ class QueueOwner:
             self._bind_error = err
             self._bound.set()
             return
-        self._socket = socket
         self._bound.set()
         poller = zmq.Poller()
         poller.register(socket, zmq.POLLIN)
-        poller.register(self._wake, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll(round(POLL_S * 1000)))
@@ -167,12 +163,8 @@ class QueueOwner:
                         self._receive_all(socket)
                     except Exception as err:  # never end the thread: every front depends on it
                         self.log(f"queue owner: receiving failed: {err!r}")
-                if self._wake in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(self._wake)
-                    # after the read, before draining: a later answer finds it clear and wakes
-                    # the next poll; one that came earlier is in what is drained now
-                    self._wake_armed = False
+                if self._wake.fd in events:
+                    self._wake.take()
                 self._mark_silent_fronts()
                 self._send_ready(socket)
                 if self._stop.is_set() and not self._ready:
