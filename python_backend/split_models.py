@@ -29,9 +29,7 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
-from python_backend.engines import open_engine
 from python_backend.engines.base import BucketLayout
-from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
 from python_backend.owner_client import OwnerClient
@@ -45,6 +43,7 @@ from python_backend.queue_owner import (
 from python_backend.scheduler import Outcome
 from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
+    EngineHost,
     _send_final,
     admit_each,
     answer_response,
@@ -98,7 +97,7 @@ class FrontModel:
         pb_utils.Logger.log_info(f"{self.instance_name}: a front of {owner}, at {endpoint}")
 
     def execute(self, requests: list[Any]) -> None:
-        admit_each(requests, self._admit, self._refuse, self.instance_name)
+        admit_each(requests, self._admit, self.metrics, self.instance_name)
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
@@ -106,10 +105,6 @@ class FrontModel:
         self.client.submit(
             rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
         )
-
-    def _refuse(self, sender: Any, error: ServeError) -> None:
-        self.metrics.refused(error.reason)
-        _send_final(sender, refusal(error))
 
     def _respond(self, sender: Any, outcome: Outcome) -> None:
         if isinstance(outcome, ServeError) and outcome.reason is Reason.OWNER_LOST:
@@ -126,7 +121,7 @@ class FrontModel:
         self.metrics.flush()
 
 
-class OwnerModel:
+class OwnerModel(EngineHost):
     def initialize(self, args: dict[str, str]) -> None:
         instance = parse_args(args)
         endpoint = owner_endpoint(socket_dir(), instance.model_name, instance.device_id)
@@ -144,11 +139,7 @@ class OwnerModel:
         version_dir = Path(instance.version_dir).parent.parent / served / instance.version_dir.name
         settings = settings_from_parameters(instance.parameters, served)
         manifest = load_manifest(version_dir)
-        engine = self.open_engine(manifest, version_dir, instance.device_id)
-        fault_spec = load_fault_spec(version_dir)  # test repositories only
-        if fault_spec:
-            engine = FaultInjectingEngine(engine, fault_spec)
-        self.engine = engine
+        engine = self.load_engine(manifest, version_dir, instance.device_id)
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
         scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
         self.owner = QueueOwner(
@@ -157,15 +148,8 @@ class OwnerModel:
         self.owner.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: queue owner of {served} at {endpoint}: "
-            f"{manifest.engine_kind} engine"
-            + (f" on GPU {instance.device_id}" if manifest.engine_kind == "tensorrt" else "")
-            + f", buckets {[b.length for b in manifest.buckets]}, planner {settings.planner}, "
-            f"cost {cost}"
+            + self.engine_line(manifest, instance.device_id, settings.planner, cost)
         )
-
-    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
-        """The engine on GPU ``device_id``; bench repositories override it with an emulated one."""
-        return open_engine(manifest, version_dir, device_id=device_id)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         error = ServeError(
@@ -176,10 +160,4 @@ class OwnerModel:
         return [refusal(error) for _ in requests]
 
     def finalize(self) -> None:
-        if self.owner.stop(SHUTDOWN_DRAIN_S):
-            self.engine.close()
-        else:
-            pb_utils.Logger.log_warn(
-                f"{self.instance_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s "
-                "into shutdown; the engine is left to the process exit"
-            )
+        self.close_engine(self.owner.stop(SHUTDOWN_DRAIN_S))

@@ -49,25 +49,35 @@ def _send_final(sender: Any, response: Any) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+def refuse(metrics: TritonMetrics, sender: Any, error: ServeError) -> None:
+    """Answers a request refused before it reached a queue, counted by its reason."""
+    metrics.refused(error.reason)
+    _send_final(sender, refusal(error))
+
+
 def admit_each(
     requests: list[Any],
     admit: Callable[[Any, Any], None],
-    refuse: Callable[[Any, ServeError], None],
+    metrics: TritonMetrics,
     instance_name: str,
 ) -> None:
     """``admit(request, sender)`` for each request Triton hands ``execute``: it decodes the
-    request and queues it, or raises the ServeError it is refused with, which ``refuse`` answers
-    at once. A bug while decoding costs that one request, never the others."""
+    request and queues it, or raises the ServeError it is refused with, answered at once. A bug
+    while decoding costs that one request, never the others."""
     for request in requests:
         sender = request.get_response_sender()
         try:
             admit(request, sender)
         except ServeError as err:
-            refuse(sender, err)
+            refuse(metrics, sender, err)
         except Exception as err:
             # the client reads no exception text (it may hold the server's internals)
             pb_utils.Logger.log_error(f"{instance_name}: decoding failed: {err!r}")
-            refuse(sender, ServeError(Reason.INTERNAL, "the server could not decode this request"))
+            refuse(
+                metrics,
+                sender,
+                ServeError(Reason.INTERNAL, "the server could not decode this request"),
+            )
 
 
 @dataclass(frozen=True)
@@ -184,10 +194,6 @@ class Wiring:
     decoder: RequestDecoder
     scheduler: Scheduler  # not started
 
-    @property
-    def limits(self) -> Limits:
-        return self.decoder.limits
-
 
 def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: Any) -> Wiring:
     """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
@@ -198,16 +204,51 @@ def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: An
     return Wiring(settings=settings, cost=cost, decoder=decoder, scheduler=scheduler)
 
 
-class TritonPythonModel:
+class EngineHost:
+    """What a model instance that holds the engine does with it: the one-process model and the
+    split layout's queue owner."""
+
+    instance_name: str
+    engine: Engine
+
+    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
+        """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
+        override it with an emulated one."""
+        return open_engine(manifest, version_dir, device_id=device_id)
+
+    def load_engine(self, manifest: Manifest, version_dir: Path, device_id: int) -> Engine:
+        engine = self.open_engine(manifest, version_dir, device_id)
+        fault_spec = load_fault_spec(version_dir)  # test repositories only
+        if fault_spec:
+            engine = FaultInjectingEngine(engine, fault_spec)
+        self.engine = engine
+        return engine
+
+    def engine_line(self, manifest: Manifest, device_id: int, planner: str, cost: Any) -> str:
+        """The log line that says what this instance serves with."""
+        return (
+            f"{manifest.engine_kind} engine"
+            + (f" on GPU {device_id}" if manifest.engine_kind == "tensorrt" else "")
+            + f", buckets {[b.length for b in manifest.buckets]}, planner {planner}, cost {cost}"
+        )
+
+    def close_engine(self, drained: bool) -> None:
+        """After the scheduler stopped (``drained``: its verdict)."""
+        if drained:
+            self.engine.close()
+        else:  # a forward still runs: closing the engine under it could crash the process
+            pb_utils.Logger.log_warn(
+                f"{self.instance_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s "
+                "into shutdown; the engine is left to the process exit"
+            )
+
+
+class TritonPythonModel(EngineHost):
     def initialize(self, args: dict[str, str]) -> None:
         instance = parse_args(args)
         self.model_name, self.instance_name = instance.model_name, instance.instance_name
         manifest = load_manifest(instance.version_dir)
-        engine = self.open_engine(manifest, instance.version_dir, instance.device_id)
-        fault_spec = load_fault_spec(instance.version_dir)  # test repositories only
-        if fault_spec:
-            engine = FaultInjectingEngine(engine, fault_spec)
-        self.engine = engine
+        engine = self.load_engine(manifest, instance.version_dir, instance.device_id)
         self.output_name = manifest.output_name
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         wiring = wire(instance, manifest, engine, self.metrics)
@@ -218,28 +259,16 @@ class TritonPythonModel:
         )
         self.scheduler.start()
         pb_utils.Logger.log_info(
-            f"{self.instance_name}: {manifest.engine_kind} engine"
-            + (f" on GPU {instance.device_id}" if manifest.engine_kind == "tensorrt" else "")
-            + f", buckets {[b.length for b in manifest.buckets]}, planner "
-            f"{self.settings.planner}, cost {wiring.cost}"
+            f"{self.instance_name}: "
+            + self.engine_line(manifest, instance.device_id, self.settings.planner, wiring.cost)
         )
 
-    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
-        """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
-        override it with an emulated one."""
-        return open_engine(manifest, version_dir, device_id=device_id)
-
     def execute(self, requests: list[Any]) -> None:
-        admit_each(requests, self._admit, self._refuse, self.instance_name)
+        admit_each(requests, self._admit, self.metrics, self.instance_name)
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
         self.scheduler.submit(self._decode(request, sender))
-
-    def _refuse(self, sender: Any, error: ServeError) -> None:
-        """Answers a request refused before it reached the queue."""
-        self.metrics.refused(error.reason)
-        _send_final(sender, refusal(error))
 
     def _decode(self, request: Any, sender: Any) -> Request:
         rows, timeout_s = self.decoder.decode(request)
@@ -254,10 +283,4 @@ class TritonPythonModel:
         _send_final(sender, answer_response(self.output_name, outcome))
 
     def finalize(self) -> None:
-        if self.scheduler.stop(SHUTDOWN_DRAIN_S):
-            self.engine.close()
-        else:  # a forward still runs: closing the engine under it could crash the process
-            pb_utils.Logger.log_warn(
-                f"{self.model_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s into "
-                "shutdown; the engine is left to the process exit"
-            )
+        self.close_engine(self.scheduler.stop(SHUTDOWN_DRAIN_S))

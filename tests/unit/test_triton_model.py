@@ -223,7 +223,7 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
     instance = InstanceArgs("m", "m_0_0", tmp_path, 0, 64, {})
     plain = wire(instance, manifest_for(engine.layout, max_batch=8), engine, None)
     assert plain.cost == LinearCost(64) and plain.scheduler.layout.max_batch == 8
-    assert plain.limits.max_length == 64 and not plain.limits.pairs
+    assert plain.decoder.limits.max_length == 64 and not plain.decoder.limits.pairs
     pairs = manifest_for(
         engine.layout, family="reranker", input_names=(*ENGINE_INPUTS, TOKEN_TYPE_INPUT)
     )
@@ -233,4 +233,4 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
     )  # fmt: skip
     wired = wire(overridden, pairs, engine, None)
     assert wired.cost == LinearCost(300) and wired.scheduler.layout.max_batch == 4
-    assert wired.limits.pairs
+    assert wired.decoder.limits.pairs
