@@ -39,8 +39,8 @@ from bench.harness import (
 )
 from bench.owner_alone import cpu_seconds
 from bench.paths import ROOT
+from bench.sim.validation import forward_stats, forwards_between
 from builder.triton_config import add_model_variant, add_split_variant, write_config
-from testkit.prometheus import samples_of, scrape
 from tools.serve import child_stubs
 from tools.triton_server import TritonServer
 
@@ -111,13 +111,13 @@ def serve_once(
             pid: stub_role(pid) for pid in child_stubs(server.process.pid)
         }
         metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-        counted_before = forward_counts(metrics, model)
+        forwards_before = forward_stats(metrics, model)
         before = {pid: cpu_seconds(pid) for pid in pids}
         started = time.monotonic()
         point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
         wall = time.monotonic() - started
         time.sleep(0.6)  # the models publish their metrics every 0.25 s
-        counted = forward_counts(metrics, model)
+        done = forwards_between(forwards_before, forward_stats(metrics, model)).values()
         spent: dict[str, float] = defaultdict(float)
         for pid, role in pids.items():
             spent[role] += cpu_seconds(pid) - before[pid]
@@ -125,18 +125,9 @@ def serve_once(
         server.stop()
     requests_per_s = point.rows_per_s / rows
     per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
-    forwards = counted[1] - counted_before[1]
-    per_forward = (counted[0] - counted_before[0]) / forwards if forwards else float("nan")
+    forwards = sum(bucket["forwards"] for bucket in done)
+    per_forward = sum(b["rows"] for b in done) / forwards if forwards else float("nan")
     return Served(point.rows_per_s, point.p99_ms, stable, per_request, per_forward)
-
-
-def forward_counts(metrics_url: str, model: str) -> tuple[float, float]:
-    """(rows, forwards) the model's planners have run, summed over its instances."""
-    text = scrape(metrics_url)
-    return (
-        sum(s.value for s in samples_of(text, "planner_rows_total", model=model)),
-        sum(s.value for s in samples_of(text, "planner_forwards_total", model=model)),
-    )
 
 
 def label(fronts: int) -> str:

@@ -25,9 +25,9 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
+import psutil
 
 from bench.cost_tables import LENGTHS, read_lengths, tensorrt_layout
 from bench.errors import BenchError, reports_errors
@@ -55,9 +55,10 @@ class ZeroEngine:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of a process, all its threads (from /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU seconds of a process, all its threads (psutil, as
+    bench.ceiling_profile reads them)."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def serve(endpoint: str) -> None:
