@@ -41,7 +41,8 @@ from bench.owner_alone import cpu_seconds
 from bench.paths import ROOT
 from bench.sim.validation import forward_stats, forwards_between
 from builder.triton_config import add_model_variant, add_split_variant, write_config
-from tools.serve import child_stubs
+from python_backend.contract import OWNER_SUFFIX
+from tools.serve import child_stubs, stub_model
 from tools.triton_server import TritonServer
 
 SOURCE = "planner_dp"
@@ -57,12 +58,11 @@ class Served:
 
 
 def stub_role(pid: int) -> str:
-    """A stub's role from its command line (its model instance's name is its 9th argument)."""
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    instance = args[8].decode() if len(args) > 8 else "?"
-    if "_owner_" in instance:
+    """A stub's role, from the model entry it serves (the variants' names say which)."""
+    model = stub_model(pid) or "?"
+    if model.endswith(OWNER_SUFFIX):
         return "owner"
-    return "front" if "_split" in instance else "model"  # the variants' names say which
+    return "front" if "_split" in model else "model"
 
 
 def variant(repository: Path, fronts: int, table: str = "zero") -> str:

@@ -8,27 +8,22 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
 from testkit.triton_clients import client, infer, text_inputs
 from tests.e2e.conftest import _LOGS
 from tests.e2e.stack import Stack
-from tests.e2e.test_faults_survived import TOLERANCE, own_stack, stubs_of
+from tests.e2e.test_faults_survived import TOLERANCE, own_stack
+from tools.serve import child_stubs, stub_model
 
 MODEL = "minilm_split"
 LONG = ["a long row " * 50] * 64  # a request that keeps the owner busy for a while
 
 
 def stubs_serving(triton: int, entry: str) -> list[int]:
-    """The stubs of one model entry (their first argument is <repository>/<entry>/1/model.py)."""
-    found = []
-    for pid in stubs_of(triton):
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if Path(args[1].decode()).parent.parent.name == entry:
-            found.append(pid)
-    return found
+    """The stubs of one model entry."""
+    return sorted(pid for pid in child_stubs(triton) if stub_model(pid) == entry)
 
 
 class InFlight:
