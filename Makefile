@@ -35,7 +35,7 @@ lint: $(STAMP)
 
 # every package; the TensorRT code is checked against the TensorRT 10.13 API stubs
 typecheck: $(STAMP)
-	$(PY) -m mypy python_backend builder bench tools openai_api testkit
+	$(PY) -m mypy python_backend builder bench tools openai_api body_check testkit
 
 test: setup lint typecheck
 	$(PY) -m pytest

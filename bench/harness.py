@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +16,14 @@ import numpy as np
 
 from bench.emulated_engine import EMULATED_MODEL_PY, EMULATED_OWNER_PY, TABLE_FILE
 from bench.errors import BenchError
-from bench.paths import INPUT_DATA, ROOT, SAMPLE
+from bench.paths import INPUT_DATA, SAMPLE
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
 from builder.triton_config import add_model_variant, add_split_variant, write_config
 from tools.front_door import FrontDoorSettings
+from tools.helpers import HelperProcess, body_check, openai_adapter
 from tools.perf_analyzer import PerfPoint, run_perf_analyzer
-from tools.triton_server import TritonServer, answers_ok, free_port, set_parent_death_signal
+from tools.triton_server import TritonServer, free_port
 
 MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
 PEER = "dynamic_batcher"
@@ -137,36 +135,31 @@ def warm_up(server: TritonServer, tmp: Path, models, concurrency: int = 4) -> No
         )
 
 
-def start_adapter(server: TritonServer, port: int, log: Path):
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "openai_api",
-            f"--triton-grpc=127.0.0.1:{server.grpc_port}",
-            f"--listen=127.0.0.1:{port}",
-            f"--model={OPENAI_MODEL}",
-        ],
-        cwd=ROOT,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=set_parent_death_signal,
-    )
-    deadline = time.monotonic() + 30
-    while not answers_ok(f"http://127.0.0.1:{port}/health"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the adapter did not start: {log.read_text()[-1000:]}")
-        time.sleep(0.1)
-    return process
+def start_adapter(server: TritonServer, port: int, log: Path) -> HelperProcess:
+    """The OpenAI adapter for OPENAI_MODEL on loopback ``port``, as the launcher starts it."""
+    return openai_adapter(f"127.0.0.1:{server.grpc_port}", port, [OPENAI_MODEL], log).start()
 
 
-def loopback_door(server: TritonServer, openai_port: int) -> FrontDoorSettings:
-    """A front door on loopback ports of its own, in front of ``server`` and an adapter."""
+def start_body_check(server: TritonServer, ports: tuple[int, int], log: Path) -> HelperProcess:
+    """The body check on loopback (HTTP, gRPC) ``ports``, as the launcher starts it."""
+    triton = (f"127.0.0.1:{server.http_port}", f"127.0.0.1:{server.grpc_port}")
+    return body_check(*triton, *ports, FrontDoorSettings.max_body_size, log).start()
+
+
+def loopback_door(
+    server: TritonServer, openai_port: int, check_ports: tuple[int, int] | None = None
+) -> FrontDoorSettings:
+    """A front door on loopback ports of its own, in front of ``server`` and an adapter; its
+    inference calls go to a body check on ``check_ports`` (HTTP, gRPC), or, with None, straight
+    to Triton: the door as it was before the check, for a comparison."""
+    http, grpc = check_ports or (server.http_port, server.grpc_port)
     return FrontDoorSettings(
         triton_http_address=f"127.0.0.1:{server.http_port}",
         triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
         triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
         openai_address=f"127.0.0.1:{openai_port}",
+        check_http_address=f"127.0.0.1:{http}",
+        check_grpc_address=f"127.0.0.1:{grpc}",
         public_address="127.0.0.1",
         http_port=free_port(),
         grpc_port=free_port(),

@@ -31,7 +31,14 @@ import numpy as np
 from bench.docs import render, write_section
 from bench.errors import reports_errors
 from bench.harness import OPENAI_MODEL as MODEL
-from bench.harness import PEER, build_repository, loopback_door, start_adapter, warm_up
+from bench.harness import (
+    PEER,
+    build_repository,
+    loopback_door,
+    start_adapter,
+    start_body_check,
+    warm_up,
+)
 from bench.openai_cost import LoopPoint, closed_loop, kserve_body, openai_body
 from bench.paths import INPUT_DATA, ROOT
 from tools.front_door import FrontDoor
@@ -97,7 +104,9 @@ def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, 
             model_dir = default_model_dir()
             assert model_dir is not None, "the MiniLM package is missing: run make setup"
             infinity = start_infinity(binary, model_dir, infinity_port, tmp / "inf.log")
-            settings = loopback_door(server, adapter_port)
+            check_ports = (free_port(), free_port())
+            check = start_body_check(server, check_ports, tmp / "body_check.log")
+            settings = loopback_door(server, adapter_port, check_ports)
             door = f"http://127.0.0.1:{settings.http_port}"
             routes = {
                 "this project, /v1/embeddings": (f"{door}/v1/embeddings", openai_body),
@@ -120,9 +129,10 @@ def run(levels: list[int], seconds: float, rounds: int) -> list[tuple[int, str, 
                                 out.append((c, name, point))
                                 print(point.line(f"c={c:>3} {name:<32}"), flush=True)
             finally:
-                for process in (adapter, infinity):
-                    process.terminate()
-                    process.wait(timeout=20)
+                adapter.stop()
+                check.stop()
+                infinity.terminate()
+                infinity.wait(timeout=20)
     return out
 
 

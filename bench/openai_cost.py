@@ -27,7 +27,14 @@ import numpy as np
 
 from bench.docs import render, write_section
 from bench.errors import reports_errors
-from bench.harness import OPENAI_MODEL, build_repository, loopback_door, start_adapter, warm_up
+from bench.harness import (
+    OPENAI_MODEL,
+    build_repository,
+    loopback_door,
+    start_adapter,
+    start_body_check,
+    warm_up,
+)
 from bench.paths import INPUT_DATA, ROOT
 from tools.front_door import FrontDoor
 from tools.triton_server import TritonServer, free_port
@@ -113,7 +120,9 @@ def openai_comparison(
     texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
     adapter_port = free_port()
     adapter = start_adapter(server, adapter_port, tmp / "openai.log")
-    settings = loopback_door(server, adapter_port)
+    check_ports = (free_port(), free_port())
+    check = start_body_check(server, check_ports, tmp / "body_check.log")
+    settings = loopback_door(server, adapter_port, check_ports)
     base = f"http://127.0.0.1:{settings.http_port}"
     routes = {
         "KServe /v2 infer": (f"{base}/v2/models/{MODEL}/infer", kserve_body),
@@ -130,8 +139,8 @@ def openai_comparison(
                     out.append((name, point))
                     print(point.line(f"c={concurrency} {name:<22}"), flush=True)
     finally:
-        adapter.terminate()
-        adapter.wait(timeout=10)
+        adapter.stop()
+        check.stop()
     return out
 
 

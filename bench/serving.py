@@ -41,6 +41,7 @@ from bench.harness import (
     measure,
     print_point,
     request_rows,
+    start_body_check,
     warm_up,
 )
 from bench.paths import DOC, ROOT
@@ -117,22 +118,37 @@ def plot(results: dict[str, list[LoadPoint]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+ROUTES = ("direct", "door, no body check", "front door")
+
+
 def front_door_comparison(
     server: TritonServer, tmp: Path, ms: int, concurrency: int = 64, rounds: int = 3
 ) -> list[tuple[str, PerfPoint, bool]]:
-    """planner_dp at one concurrency on Triton's own gRPC port and through the front door,
-    alternating (direct, door, direct, door, ...) so that the shared machine's drift falls on
-    both alike."""
-
-    settings = loopback_door(server, free_port())  # no adapter: /v1 is not measured here
+    """planner_dp at one concurrency on Triton's own gRPC port, through a front door whose
+    inference calls go straight to Triton (the door before the body check), and through the
+    front door as it runs (the body check in front of Triton); routes alternating, in an order
+    that flips every round, so that the shared machine's drift falls on all alike."""
+    check_ports = (free_port(), free_port())
+    plain = loopback_door(server, free_port())  # no adapter: /v1 is not measured here
+    checked = loopback_door(server, free_port(), check_ports)
     out = []
-    with FrontDoor(settings, tmp / "front-door"):
-        routes = {"direct": server.grpc_url, "front door": f"127.0.0.1:{settings.grpc_port}"}
-        for _ in range(rounds):
-            for route, url in routes.items():
-                row, stable = measure("planner_dp", url, concurrency, tmp, ms)
+    with contextlib.ExitStack() as stack:
+        check = start_body_check(server, check_ports, tmp / "body_check.log")
+        stack.callback(check.stop)
+        stack.enter_context(FrontDoor(plain, tmp / "front-door-plain"))
+        stack.enter_context(FrontDoor(checked, tmp / "front-door"))
+        urls = dict(
+            zip(
+                ROUTES,
+                (server.grpc_url, f"127.0.0.1:{plain.grpc_port}", f"127.0.0.1:{checked.grpc_port}"),
+                strict=True,
+            )
+        )
+        for r in range(rounds):
+            for route in ROUTES if r % 2 == 0 else ROUTES[::-1]:
+                row, stable = measure("planner_dp", urls[route], concurrency, tmp, ms)
                 out.append((route, row, stable))
-                print_point(f"c={concurrency} planner_dp {route:<10}", row)
+                print_point(f"c={concurrency} planner_dp {route:<20}", row)
     return out
 
 
@@ -143,21 +159,24 @@ def front_door_report(runs: list[tuple[str, PerfPoint, bool]], concurrency: int,
     ]
     for k, (route, row, stable) in enumerate(runs):
         table.append(
-            f"| {k // 2 + 1} | {route} | {row.rows_per_s:.1f} | "
+            f"| {k // len(ROUTES) + 1} | {route} | {row.rows_per_s:.1f} | "
             f"{row.p50_ms:.0f} | {row.p99_ms:.0f} |" + unstable_mark(stable)
         )
     mean = {
         route: float(np.mean([r.rows_per_s for name, r, _ in runs if name == route]))
-        for route in ("direct", "front door")
+        for route in ROUTES
     }
+    direct, plain, door = (mean[route] for route in ROUTES)
     return render(
         "front_door",
         ms=ms,
         concurrency=concurrency,
         table="\n".join(table),
-        direct=f"{mean['direct']:.1f}",
-        door=f"{mean['front door']:.1f}",
-        ratio=f"{mean['front door'] / mean['direct']:.3f}x",
+        direct=f"{direct:.1f}",
+        plain=f"{plain:.1f}",
+        door=f"{door:.1f}",
+        ratio=f"{door / direct:.3f}x",
+        check_ratio=f"{door / plain:.3f}x",
     )
 
 

@@ -76,3 +76,16 @@ def matching(pattern: str, description: str) -> Parser:
 
 def text(raw: str, name: str) -> str:
     return raw
+
+
+# nginx's size syntax (client_max_body_size and the like): bytes, or kilobytes / megabytes
+SIZE_PATTERN = re.compile(r"([0-9]+)([kKmM]?)")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20}
+
+
+def nginx_size(raw: str, name: str) -> int:
+    """An nginx size (``8m``, ``512k``, ``1048576``) in bytes."""
+    match = SIZE_PATTERN.fullmatch(raw.strip())
+    if match is None:
+        raise BadValue(f"{name} must be like 8m, 512k or 1048576")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from python_backend.values import (
+    SIZE_PATTERN,
     BadValue,
     Parser,
     int_at_least,
@@ -41,7 +42,6 @@ TEMPLATE = ROOT / "docker" / "nginx" / "front-door.conf.template"
 # An API key goes into nginx's configuration as a literal string: only characters that need no
 # quoting there (those of base64, base64url and hex keys)
 API_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
-SIZE_PATTERN = re.compile(r"[0-9]+[kKmM]?")
 
 
 class FrontDoorError(RuntimeError):
@@ -110,6 +110,9 @@ class FrontDoorSettings:
     triton_grpc_address: str
     triton_metrics_address: str
     openai_address: str  # host:port of the OpenAI-compatible adapter (openai_api), served at /v1
+    # host:port of the body check's HTTP and gRPC servers (body_check), where inference goes
+    check_http_address: str
+    check_grpc_address: str
     public_address: str = field(default="0.0.0.0", metadata=from_env("PUBLIC_ADDRESS", text))
     http_port: int = field(default=8000, metadata=from_env("HTTP_PORT", int_at_least(1)))
     grpc_port: int = field(default=8001, metadata=from_env("GRPC_PORT", int_at_least(1)))
@@ -155,6 +158,8 @@ class FrontDoorSettings:
             "TRITON_GRPC_ADDRESS": self.triton_grpc_address,
             "TRITON_METRICS_ADDRESS": self.triton_metrics_address,
             "OPENAI_ADDRESS": self.openai_address,
+            "CHECK_HTTP_ADDRESS": self.check_http_address,
+            "CHECK_GRPC_ADDRESS": self.check_grpc_address,
             "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
             "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",
             "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",

@@ -20,7 +20,10 @@
   RESTART_WINDOW_S (300 s), or when nginx exits, the launcher ends with code 1 and a message;
   nothing of any part is left running.
 - The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
-  front door serves it at /v1 on the public HTTP port.
+  front door serves it at /v1 on the public HTTP port. The body check (body_check) listens on
+  127.0.0.1:CHECK_HTTP_PORT and CHECK_GRPC_PORT (18004, 18005): the front door sends it every
+  KServe inference call, which it checks and passes to Triton. Both are brought back like
+  Triton when they exit.
 - `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
   deployment, whose front door and adapter are containers of their own.
 """
@@ -31,7 +34,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -50,7 +52,8 @@ from tools.front_door import (
     random_key,
     read_env,
 )
-from tools.triton_server import ROOT, TritonServer, answers_ok, set_parent_death_signal
+from tools.helpers import HelperProcess, body_check, openai_adapter
+from tools.triton_server import ROOT, TritonServer
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
@@ -193,9 +196,14 @@ class ServeSettings:
         default=18002, metadata=from_env("TRITON_METRICS_PORT", int_at_least(1))
     )
     front_door: FrontDoorSettings | None = None
-    # the adapter's port on loopback; None: no adapter (no front door)
-    openai_port: int | None = field(
-        default=18003, metadata=from_env("OPENAI_PORT", int_at_least(1))
+    # the helpers' ports on loopback (tools.helpers; only behind the front door): the adapter's,
+    # and the body check's HTTP and gRPC ports
+    openai_port: int = field(default=18003, metadata=from_env("OPENAI_PORT", int_at_least(1)))
+    check_http_port: int = field(
+        default=18004, metadata=from_env("CHECK_HTTP_PORT", int_at_least(1))
+    )
+    check_grpc_port: int = field(
+        default=18005, metadata=from_env("CHECK_GRPC_PORT", int_at_least(1))
     )
     admin_key: str = field(default="", metadata=from_env("TRITON_ADMIN_KEY", parse_api_key))
     probe_interval_s: float = field(
@@ -222,7 +230,7 @@ class Launcher:
         self.admin_key = settings.admin_key or random_key()
         self.triton: TritonServer | None = None
         self.front_door: FrontDoor | None = None
-        self.adapter: subprocess.Popen[bytes] | None = None
+        self.helpers: list[HelperProcess] = []  # the adapter and the body check
         self.stopping = False
         self.restarts = 0
         self.expected_stubs: dict[int, str | None] = {}  # pid -> the model it serves
@@ -387,9 +395,10 @@ class Launcher:
         try:
             if not self.start_triton():
                 return 0
-            if self.settings.openai_port is not None:
-                self.start_adapter(self.settings.openai_port)
             if self.settings.front_door is not None:
+                self.helpers = self.new_helpers()
+                for helper in self.helpers:
+                    helper.start()
                 self.front_door = FrontDoor(
                     self.settings.front_door, self.settings.state_dir / "nginx"
                 ).start()
@@ -413,15 +422,11 @@ class Launcher:
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
                 return 1
-            if self.adapter is not None and self.adapter.poll() is not None:
-                why = (
-                    f"exited with code {self.adapter.returncode}; its log is "
-                    f"{self.settings.state_dir / 'openai.log'}"
-                )
-                if not self.spend_restart("the OpenAI adapter", why):
+            exited = next((h for h in self.helpers if not h.running()), None)
+            if exited is not None:
+                if not self.spend_restart(exited.name, exited.exit_reason()):
                     return 1 if not self.stopping else 0
-                assert self.settings.openai_port is not None
-                self.start_adapter(self.settings.openai_port)
+                exited.start()
                 continue
             if time.monotonic() >= next_probe:
                 dead = self.dead_stubs()
@@ -441,39 +446,30 @@ class Launcher:
                 next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
 
-    def start_adapter(self, port: int) -> None:
-        """The OpenAI-compatible adapter on loopback, talking to Triton's gRPC port."""
+    def new_helpers(self) -> list[HelperProcess]:
+        """The adapter and the body check, on loopback, in front of Triton's own ports."""
         s = self.settings
-        log = open(s.state_dir / "openai.log", "wb")  # noqa: SIM115 - the child holds it
-        command = [sys.executable, "-m", "openai_api", f"--listen=127.0.0.1:{port}"]
-        command += [f"--triton-grpc=127.0.0.1:{s.triton_grpc_port}"]
-        command += [f"--model={m}" for m in s.models]
-        self.adapter = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=set_parent_death_signal,
-        )
-        log.close()
-        deadline = time.monotonic() + 30
-        while not answers_ok(f"http://127.0.0.1:{port}/health"):
-            if self.adapter.poll() is not None or time.monotonic() > deadline:
-                tail = (s.state_dir / "openai.log").read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"the OpenAI adapter did not start; its log ends:\n{tail}")
-            time.sleep(0.1)
+        assert s.front_door is not None
+        triton_http = f"127.0.0.1:{s.triton_http_port}"
+        triton_grpc = f"127.0.0.1:{s.triton_grpc_port}"
+        return [
+            openai_adapter(triton_grpc, s.openai_port, s.models, s.state_dir / "openai.log"),
+            body_check(
+                triton_http,
+                triton_grpc,
+                s.check_http_port,
+                s.check_grpc_port,
+                s.front_door.max_body_size,
+                s.state_dir / "body_check.log",
+            ),
+        ]
 
     def shutdown(self) -> None:
         # the front door first: no new requests, then Triton answers what it holds
         if self.front_door is not None:
             self.front_door.stop()
-        if self.adapter is not None and self.adapter.poll() is None:
-            self.adapter.terminate()
-            try:
-                self.adapter.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.adapter.kill()
+        for helper in self.helpers:
+            helper.stop()
         if self.triton is not None:
             self.triton.stop()
 
@@ -508,7 +504,6 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
             **env,  # type: ignore[arg-type]
         )
         if args.no_front_door:
-            settings.openai_port = None
             return settings
         if args.triton_address in ("0.0.0.0", "::"):
             sys.exit("behind the front door, Triton listens on loopback: drop --triton-address")
@@ -518,6 +513,8 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
             triton_grpc_address=f"{address}:{settings.triton_grpc_port}",
             triton_metrics_address=f"{address}:{settings.triton_metrics_port}",
             openai_address=f"127.0.0.1:{settings.openai_port}",
+            check_http_address=f"127.0.0.1:{settings.check_http_port}",
+            check_grpc_address=f"127.0.0.1:{settings.check_grpc_port}",
             **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
         )
     except (BadValue, FrontDoorError) as err:

@@ -49,6 +49,8 @@ class Stack:
             "TRITON_GRPC",
             "TRITON_METRICS",
             "OPENAI",
+            "CHECK_HTTP",
+            "CHECK_GRPC",
         )
         self.ports = {name: free_port() for name in names}
 
@@ -124,6 +126,14 @@ class Stack:
         ).stdout.split()
         assert out, "no tritonserver of this stack is running"
         return int(out[0])
+
+    def server_processes(self) -> set[int]:
+        """Every process the launcher runs (Triton, its stubs, nginx, the adapter, the body
+        check): the same set before and after a case means nothing was restarted."""
+        import psutil
+
+        assert self.process is not None
+        return {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         if self.process is None:

@@ -457,6 +457,11 @@ def test_a_second_content_encoding_never_reaches_triton(stack, still_serving):
 
     extra = b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n"
     answer = exchange(stack.http_port, request_bytes(gzip.compress(VALID_BODY), extra=extra))
-    # refused at the door, or the gzip bytes parsed as the JSON they are not: never inflated
+    # refused at the door, or the gzip bytes read as the JSON they are not (by the body check,
+    # or by Triton): never inflated
     inflated = status_of(answer) == 200
-    assert not inflated and (status_of(answer) == 415 or b"parse the request JSON" in answer)
+    assert not inflated and (
+        status_of(answer) == 415
+        or b"parse the request JSON" in answer
+        or b"the request is not valid JSON" in answer
+    )

@@ -98,7 +98,7 @@ def test_the_front_door_renders_the_template_make_serve_renders(compose):
     # the image's envsubst replaces only names set in its environment: every one must be
     named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
     assert named == set(door["environment"])
-    example = FrontDoorSettings("t:1", "t:2", "t:3", "t:4").template_values()
+    example = FrontDoorSettings(*(f"t:{n}" for n in range(6))).template_values()
     assert named == set(example)
 
 
@@ -112,6 +112,22 @@ def test_the_openai_adapter_is_internal_and_behind_the_door(compose):
     assert "--triton-grpc=" + door["environment"]["TRITON_GRPC_ADDRESS"] in adapter["command"]
     assert door["depends_on"]["openai-api"]["condition"] == "service_healthy"
     assert adapter["image"] == compose["services"]["triton"]["image"]
+
+
+def test_the_body_check_is_internal_and_in_front_of_triton(compose):
+    check = compose["services"]["body-check"]
+    assert set(check["networks"]) == {"internal"} and not check.get("ports")
+    door = compose["services"]["front-door"]["environment"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in check["command"] if a.startswith("--"))
+    for kind in ("http", "grpc"):
+        port = args[f"{kind}-listen"].rsplit(":", 1)[1]
+        assert door[f"CHECK_{kind.upper()}_ADDRESS"] == f"body-check:{port}"
+        assert args[f"triton-{kind}"] == door[f"TRITON_{kind.upper()}_ADDRESS"]
+    # the largest body it takes is the door's
+    assert args["max-body-size"] == door["MAX_BODY_SIZE"]
+    depends = compose["services"]["front-door"]["depends_on"]
+    assert depends["body-check"]["condition"] == "service_healthy"
+    assert check["image"] == compose["services"]["triton"]["image"]
 
 
 def test_triton_runs_under_the_watchdog_with_an_admin_key_never_defaulted(compose):

@@ -19,9 +19,7 @@ from tools.serve import restricted_api_args
 
 
 def settings(**overrides) -> FrontDoorSettings:
-    return FrontDoorSettings(
-        "127.0.0.1:18000", "127.0.0.1:18001", "127.0.0.1:18002", "127.0.0.1:18003", **overrides
-    )
+    return FrontDoorSettings(*(f"127.0.0.1:{port}" for port in range(18000, 18006)), **overrides)
 
 
 def test_rendering_replaces_only_the_names_given_and_keeps_nginx_variables():

@@ -119,6 +119,13 @@ def test_service_ports_reach_the_front_door_and_never_triton():
     assert f"--listen={door_env['OPENAI_ADDRESS']}" in adapter
     assert f"--triton-grpc={door_env['TRITON_GRPC_ADDRESS']}" in adapter
     assert door_env["OPENAI_ADDRESS"].startswith("127.0.0.1:")
+    # the body check: on loopback, in front of Triton's ports, the door's body limit
+    check = containers(pod_spec())["body-check"]["args"]
+    for kind in ("http", "grpc"):
+        assert f"--{kind}-listen={door_env[f'CHECK_{kind.upper()}_ADDRESS']}" in check
+        assert f"--triton-{kind}={door_env[f'TRITON_{kind.upper()}_ADDRESS']}" in check
+        assert door_env[f"CHECK_{kind.upper()}_ADDRESS"].startswith("127.0.0.1:")
+    assert f"--max-body-size={door_env['MAX_BODY_SIZE']}" in check
 
 
 def test_the_front_door_renders_the_template_every_deployment_renders():

@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 IMPORTS_TESTS = re.compile(r"^\s*(from tests(\.|\s)|import tests\b)", re.M)
 
 
-@pytest.mark.parametrize("package", ["python_backend", "builder", "bench", "tools", "testkit"])
+@pytest.mark.parametrize(
+    "package", ["python_backend", "builder", "bench", "tools", "testkit", "body_check"]
+)
 def test_nothing_outside_tests_imports_from_tests(package):
     offenders = [
         str(path.relative_to(ROOT))
@@ -21,7 +23,7 @@ def test_nothing_outside_tests_imports_from_tests(package):
     assert not offenders
 
 
-@pytest.mark.parametrize("package", ["python_backend", "builder"])
+@pytest.mark.parametrize("package", ["python_backend", "builder", "body_check"])
 def test_the_serving_code_and_the_builder_never_import_test_support(package):
     offenders = [
         str(path.relative_to(ROOT))

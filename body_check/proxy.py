@@ -1,0 +1,236 @@
+"""The body check's two servers: KServe HTTP ``infer`` and gRPC ``ModelInfer`` /
+``ModelStreamInfer``, each body checked (``rules``) and, when it passes, sent on to Triton as it
+came, byte for byte; Triton's answer comes back the same way.
+
+The front door routes only these inference calls here; everything else it sends to Triton
+directly. A refused body never reaches Triton: HTTP 400 in Triton's error shape, gRPC
+INVALID_ARGUMENT (on a stream: an error response in the stream, as Triton answers a bad message
+there, and the stream goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+import grpc.aio
+import orjson
+from aiohttp import web
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from body_check.rules import BodyLimits, Refused, check_grpc_request, check_json_request
+
+LOG = logging.getLogger("body_check")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+# request headers not passed on: the connection's own, the length (the body is passed whole),
+# and any encoding (the body was checked as it is: Triton must read it the same way)
+HOP_HEADERS = frozenset(
+    {
+        "content-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Triton's answer headers the client needs
+ANSWER_HEADERS = ("Content-Type", HEADER_LENGTH, "Content-Encoding")
+
+SERVICE = "/inference.GRPCInferenceService/"
+INFER = SERVICE + "ModelInfer"
+STREAM_INFER = SERVICE + "ModelStreamInfer"
+# gRPC metadata the library sets itself; the rest (a client's own keys) is passed on
+RESERVED_METADATA = frozenset({"user-agent", "content-type", "te", "grpc-timeout"})
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    triton_http: str  # host:port of Triton's HTTP server
+    triton_grpc: str
+    max_body_bytes: int  # the front door's MAX_BODY_SIZE: the largest body or message
+    limits: BodyLimits = field(default_factory=BodyLimits)
+
+
+def header_length_of(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise Refused(f"{HEADER_LENGTH} {value!r} is not an integer") from None
+
+
+def refusal(message: str) -> web.Response:
+    return web.Response(
+        status=400, body=orjson.dumps({"error": message}), content_type="application/json"
+    )
+
+
+class HttpCheck:
+    """``POST /v2/models/{model}[/versions/{version}]/infer``, checked, then Triton's."""
+
+    def __init__(self, settings: CheckSettings) -> None:
+        self.settings = settings
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_post("/v2/models/{model}/infer", self.infer)
+        app.router.add_post("/v2/models/{model}/versions/{version}/infer", self.infer)
+        app.router.add_get("/health", self.health)
+        app.on_startup.append(self.open)
+        app.on_cleanup.append(self.close)
+        return app
+
+    async def open(self, _app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            f"http://{self.settings.triton_http}",
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            auto_decompress=False,  # Triton's answer passes as it was encoded
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None),  # the door's upstream timeout bounds it
+        )
+
+    async def close(self, _app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            header_length = header_length_of(request.headers.get(HEADER_LENGTH))
+            check_json_request(body, header_length, self.settings.limits)
+        except Refused as refused:
+            return refusal(str(refused))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        assert self.session is not None
+        async with self.session.post(request.path_qs, data=body, headers=headers) as answer:
+            payload = await answer.read()
+            kept = {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
+            return web.Response(status=answer.status, body=payload, headers=kept)
+
+
+def passed_metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | bytes]]:
+    return [
+        (key, value)
+        for key, value in (context.invocation_metadata() or ())
+        if key not in RESERVED_METADATA and not key.startswith(":")
+    ]
+
+
+def read_infer_request(message: bytes, limits: BodyLimits) -> Any:
+    """The message read by the protobuf library, then checked; ``Refused`` if it is not one."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(message)
+    except DecodeError as err:
+        raise Refused(f"not a ModelInferRequest: {err}") from None
+    check_grpc_request(request, len(message), limits)
+    return request
+
+
+def stream_refusal(message: bytes, refused: Refused) -> bytes:
+    """A stream's answer to a bad message, as Triton gives one: an error response carrying the
+    request's id when it could be read."""
+    response = service_pb2.ModelStreamInferResponse(error_message=str(refused))
+    with contextlib.suppress(DecodeError):
+        request = service_pb2.ModelInferRequest.FromString(message)
+        response.infer_response.id = request.id
+        response.infer_response.model_name = request.model_name
+    return bytes(response.SerializeToString())
+
+
+class GrpcCheck(grpc.GenericRpcHandler):
+    """``ModelInfer`` and ``ModelStreamInfer``, checked, then Triton's; messages stay bytes."""
+
+    def __init__(self, settings: CheckSettings) -> None:
+        self.settings = settings
+        size = settings.max_body_bytes
+        self.channel = grpc.aio.insecure_channel(
+            settings.triton_grpc,
+            options=[
+                ("grpc.max_send_message_length", size),
+                ("grpc.max_receive_message_length", -1),
+            ],
+        )
+        self.infer_call = self.channel.unary_unary(INFER)
+        self.stream_call = self.channel.stream_stream(STREAM_INFER)
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method  # type: ignore[attr-defined]
+        if method == INFER:
+            return grpc.unary_unary_rpc_method_handler(self.infer)
+        if method == STREAM_INFER:
+            return grpc.stream_stream_rpc_method_handler(self.stream_infer)
+        return None  # UNIMPLEMENTED: the door routes nothing else here
+
+    async def infer(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            read_infer_request(message, self.settings.limits)
+        except Refused as refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
+        try:
+            answer: bytes = await self.infer_call(
+                message, metadata=passed_metadata(context), timeout=context.time_remaining()
+            )
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), err.details() or "")
+        return answer
+
+    async def stream_infer(
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """Client messages are checked and written to Triton's stream in order; refusals join
+        Triton's answers on the way back."""
+        upstream = self.stream_call(
+            metadata=passed_metadata(context), timeout=context.time_remaining()
+        )
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def forward() -> None:
+            async for message in messages:
+                try:
+                    read_infer_request(message, self.settings.limits)
+                except Refused as refused:
+                    await answers.put(stream_refusal(message, refused))
+                    continue
+                await upstream.write(message)
+            await upstream.done_writing()
+
+        async def relay() -> None:
+            try:
+                async for answer in upstream:
+                    await answers.put(answer)
+            finally:
+                await answers.put(None)
+
+        writer = asyncio.ensure_future(forward())
+        reader = asyncio.ensure_future(relay())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:  # the client went away, or Triton's stream ended: nothing is left running
+            writer.cancel()
+            if not upstream.done():
+                upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+        code = await upstream.code()
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, await upstream.details() or "")

@@ -1,0 +1,264 @@
+"""The body check's rules: what tritonclient sends passes; every declared size that disagrees
+with what was sent, or structure that is too deep, is refused with a message naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
+
+from body_check.proxy import read_infer_request, stream_refusal
+from body_check.rules import (
+    BodyLimits,
+    Refused,
+    check_grpc_request,
+    check_json_request,
+)
+
+LIMITS = BodyLimits()
+
+
+def http_body(arrays: dict[str, np.ndarray], binary: bool, outputs=()) -> tuple[bytes, int | None]:
+    """A request body exactly as tritonclient's HTTP client writes it."""
+    inputs = []
+    for name, array in arrays.items():
+        datatype = "BYTES" if array.dtype == object else None
+        tensor = httpclient.InferInput(
+            name, list(array.shape), datatype or httpclient.np_to_triton_dtype(array.dtype)
+        )
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    wanted = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+    body, header_length = httpclient.InferenceServerClient.generate_request_body(
+        inputs, outputs=wanted or None
+    )
+    return body, header_length
+
+
+def json_body(*inputs: dict, **extra) -> bytes:
+    return orjson.dumps({"inputs": list(inputs), **extra})
+
+
+TEXTS = np.array([[b"hello"], ["wörld".encode()], [b""]], dtype=object)
+IDS = np.arange(12, dtype=np.int64).reshape(3, 4)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_what_tritonclient_sends_over_http_passes(binary):
+    for arrays in ({"TEXT": TEXTS}, {"INPUT_IDS": IDS, "ATTENTION_MASK": IDS}):
+        body, header_length = http_body(arrays, binary, outputs=("EMBEDDING",))
+        check_json_request(body, header_length, LIMITS)
+
+
+def grpc_request(arrays: dict[str, np.ndarray], raw: bool = True):
+    """A ModelInferRequest as tritonclient's gRPC client builds one (raw contents), or with
+    typed contents."""
+    request = service_pb2.ModelInferRequest(model_name="minilm")
+    for name, array in arrays.items():
+        tensor = request.inputs.add(name=name, shape=list(array.shape))
+        if array.dtype == object:
+            tensor.datatype = "BYTES"
+            if raw:
+                request.raw_input_contents.append(serialize_byte_tensor(array).item())
+            else:
+                tensor.contents.bytes_contents.extend(array.ravel().tolist())
+        else:
+            tensor.datatype = "INT64"
+            if raw:
+                request.raw_input_contents.append(array.tobytes())
+            else:
+                tensor.contents.int64_contents.extend(array.ravel().tolist())
+    return request
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "typed"])
+def test_what_a_grpc_client_sends_passes(raw):
+    for arrays in ({"TEXT": TEXTS}, {"INPUT_IDS": IDS, "ATTENTION_MASK": IDS}):
+        message = grpc_request(arrays, raw).SerializeToString()
+        read_infer_request(message, LIMITS)
+
+
+def refused(body: bytes, header_length: int | None = None) -> str:
+    with pytest.raises(Refused) as info:
+        check_json_request(body, header_length, LIMITS)
+    return str(info.value)
+
+
+def text_input(shape, data=None, **fields) -> dict:
+    out = {"name": "TEXT", "datatype": "BYTES", "shape": shape, **fields}
+    if data is not None:
+        out["data"] = data
+    return out
+
+
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [
+        ([1 << 40, 1 << 40], "declares 1208925819614629174706176 elements"),
+        ([1 << 32, 1 << 32], "declares 18446744073709551616 elements"),  # wraps to 0 in 64 bits
+        ([1 << 63, 1], "outside [0, 2^63-1]"),
+        ([-1, 1], "outside [0, 2^63-1]"),
+        ([1, True], "a list of integers"),
+        ("11", "a list of integers"),
+        ([1] * 17, "17 dimensions, at most 16"),
+    ],
+)
+def test_a_declared_shape_that_is_huge_wraps_or_is_not_integers_is_refused(shape, why):
+    message = refused(json_body(text_input(shape, ["x"])))
+    assert "'TEXT'" in message and why in message
+
+
+def test_an_int64_shape_allocating_past_the_body_is_refused_before_its_data_is_read():
+    body = json_body({"name": "INPUT_IDS", "datatype": "INT64", "shape": [1, 1 << 28], "data": [1]})
+    assert f"more than a {len(body)}-byte body can hold" in refused(body)
+
+
+def test_brackets_alone_and_deep_data_are_refused():
+    assert "not valid JSON" in refused(b"[" * 1_000_000)
+    deep = b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],"data":' + (
+        b"[" * 300_000 + b'"x"' + b"]" * 300_000 + b"}]}"
+    )
+    assert "not valid JSON" in refused(deep)  # past orjson's 1024 levels
+    deeper_than_shape = json_body(text_input([1, 1], [[["x"]]]))
+    assert "nested deeper than its shape's 2 dimensions" in refused(deeper_than_shape)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "why"),
+    [
+        (text_input([2, 1], ["x"]), "data has 1 elements, shape [2, 1] declares 2"),
+        (text_input([1, 1], [1]), "BYTES data holds values of type int"),
+        (text_input([2, 1], [["x"], "y"]), "mixes lists and values"),
+        (text_input([1, 1], "x"), "data must be a list"),
+        (text_input([1, 1]), "neither data nor binary_data_size"),
+        (text_input([1, 1], ["x"], datatype="STRING"), "unknown datatype 'STRING'"),
+        (text_input([1, 1], ["x"], extra=[[[]]]), "unknown field(s) 'extra'"),
+        (
+            {"name": "IDS", "datatype": "INT64", "shape": [2], "data": [1, 2.5]},
+            "INT64 data holds values of type float",
+        ),
+    ],
+)
+def test_json_data_against_its_shape_and_type(tensor, why):
+    assert why in refused(json_body(tensor))
+
+
+def test_an_integer_past_64_bits_is_refused_not_wrapped():
+    # orjson reads it as a float
+    body = (
+        b'{"inputs":[{"name":"IDS","datatype":"INT64","shape":[1],"data":[18446744073709551616]}]}'
+    )
+    assert "INT64 data holds values of type float" in refused(body)
+
+
+def test_request_structure_limits():
+    valid = text_input([1, 1], ["x"])
+    assert "101 inputs, at most 64" in refused(json_body(*[valid] * 101))
+    outputs = [{"name": "EMBEDDING"}] * 300_000
+    assert "outputs must be a list of at most 64" in refused(json_body(valid, outputs=outputs))
+    nested = {"parameters": {"p": {"q": [1]}}}
+    assert "parameter 'p' must be a string, number or boolean" in refused(
+        json_body(valid, **nested)
+    )
+    shm = text_input([1, 1], parameters={"shared_memory_region": "r"})
+    assert "shared memory is not served" in refused(json_body(shm))
+    assert "non-empty list of inputs" in refused(b'{"inputs": []}')
+    assert "must be a JSON object" in refused(b"[1]")
+
+
+def binary_request(datatype: str, shape: list[int], payload: bytes) -> tuple[bytes, int]:
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": datatype,
+                    "shape": shape,
+                    "parameters": {"binary_data_size": len(payload)},
+                }
+            ]
+        }
+    )
+    return header + payload, len(header)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "payload", "why"),
+    [
+        ("INT64", [1, 2], b"\0" * 8, "8 bytes of data, but INT64 of 2 elements takes 16"),
+        ("BYTES", [2], b"\x02\0\0\0abcd", "BYTES data ends inside a length prefix"),
+        ("BYTES", [1], b"\xff\xff\xff\xffab", "runs past the end of its data"),
+        ("BYTES", [1], b"\x01\0\0\0ab", "1 bytes of BYTES data past its 1 elements"),
+        ("BYTES", [3], b"\0" * 8, "8 bytes cannot hold 3 BYTES elements"),
+    ],
+)
+def test_binary_tensors_against_their_shape(datatype, shape, payload, why):
+    body, header_length = binary_request(datatype, shape, payload)
+    assert why in refused(body, header_length)
+
+
+def test_binary_sizes_against_the_body():
+    body, header_length = binary_request("INT64", [1], b"\0" * 8)
+    assert "runs past the end of the body" in refused(body[:-1], header_length)
+    assert "2 bytes after the last binary input" in refused(body + b"..", header_length)
+    assert "outside this" in refused(body, len(body) + 1)
+    assert "outside this" in refused(body, 0)
+
+
+def grpc_refused(request) -> str:
+    with pytest.raises(Refused) as info:
+        read_infer_request(request.SerializeToString(), LIMITS)
+    return str(info.value)
+
+
+def test_a_grpc_shape_whose_byte_size_wraps_to_zero_is_refused():
+    request = service_pb2.ModelInferRequest(model_name="minilm")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1 << 32, 1 << 32])
+    request.raw_input_contents.append(b"")
+    assert "declares 18446744073709551616 elements" in grpc_refused(request)
+    request.inputs[0].shape[:] = [-1, 1]
+    assert "outside [0, 2^63-1]" in grpc_refused(request)
+
+
+def test_grpc_contents_against_the_shape():
+    request = grpc_request({"INPUT_IDS": IDS}, raw=False)
+    del request.inputs[0].contents.int64_contents[-1]
+    assert "contents has 11 elements, shape [3, 4] declares 12" in grpc_refused(request)
+    request = grpc_request({"INPUT_IDS": IDS, "ATTENTION_MASK": IDS})
+    del request.raw_input_contents[-1]
+    assert "1 entries for 2 inputs" in grpc_refused(request)
+    request = grpc_request({"INPUT_IDS": IDS})
+    request.raw_input_contents[0] = request.raw_input_contents[0][:-8]
+    assert "88 bytes of data, but INT64 of 12 elements takes 96" in grpc_refused(request)
+    request = grpc_request({"TEXT": TEXTS})
+    request.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    assert "shared memory is not served" in grpc_refused(request)
+    request = grpc_request({"TEXT": TEXTS})
+    for _ in range(65):
+        request.outputs.add(name="EMBEDDING")
+    assert "65 outputs, at most 64" in grpc_refused(request)
+    assert "at least one input" in grpc_refused(service_pb2.ModelInferRequest())
+
+
+def test_a_message_that_is_not_a_request_is_refused_and_a_stream_refusal_keeps_the_id():
+    with pytest.raises(Refused, match="not a ModelInferRequest"):
+        read_infer_request(b"\xff\xff\xff", LIMITS)
+    request = grpc_request({"TEXT": TEXTS})
+    request.id = "row-7"
+    request.inputs[0].shape[:] = [1 << 32, 1 << 32]
+    message = request.SerializeToString()
+    with pytest.raises(Refused) as info:
+        read_infer_request(message, LIMITS)
+    answer = service_pb2.ModelStreamInferResponse.FromString(stream_refusal(message, info.value))
+    assert answer.infer_response.id == "row-7" and "18446744073709551616" in answer.error_message
+
+
+def test_check_grpc_request_takes_the_message_size_as_the_bound():
+    request = grpc_request({"INPUT_IDS": IDS})
+    size = len(request.SerializeToString())
+    check_grpc_request(request, size, LIMITS)
+    with pytest.raises(Refused, match="more than a 11-byte body"):
+        check_grpc_request(request, 11, LIMITS)
