@@ -72,9 +72,10 @@ def header_length_of(value: str | None) -> int | None:
         raise Refused(f"{HEADER_LENGTH} {value!r} is not an integer") from None
 
 
-def refusal(message: str) -> web.Response:
+def error_answer(status: int, message: str) -> web.Response:
+    """An answer in Triton's error shape."""
     return web.Response(
-        status=400, body=orjson.dumps({"error": message}), content_type="application/json"
+        status=status, body=orjson.dumps({"error": message}), content_type="application/json"
     )
 
 
@@ -116,13 +117,17 @@ class HttpCheck:
             header_length = header_length_of(request.headers.get(HEADER_LENGTH))
             check_json_request(body, header_length, self.settings.limits)
         except Refused as refused:
-            return refusal(str(refused))
+            return error_answer(400, str(refused))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         assert self.session is not None
-        async with self.session.post(request.path_qs, data=body, headers=headers) as answer:
-            payload = await answer.read()
-            kept = {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
-            return web.Response(status=answer.status, body=payload, headers=kept)
+        try:
+            async with self.session.post(request.path_qs, data=body, headers=headers) as answer:
+                payload = await answer.read()
+                kept = {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
+                return web.Response(status=answer.status, body=payload, headers=kept)
+        except aiohttp.ClientError as err:  # Triton is restarting, say
+            LOG.warning("Triton did not answer: %s", err)
+            return error_answer(503, "the model server is unavailable; retry shortly")
 
 
 def passed_metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | bytes]]:

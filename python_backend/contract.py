@@ -41,6 +41,7 @@ def split_token_types(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 REQUEST_INPUTS: tuple[str, ...] = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
 PAIR_INPUT = "TEXT_PAIR"  # pair models: the second text of each row, beside TEXT
+TEXT_INPUTS = frozenset({REQUEST_INPUTS[0], PAIR_INPUT})  # [rows, 1] BYTES; the others [rows, T]
 NUM_TOKENS_OUTPUT = "NUM_TOKENS"  # [rows, 1] int32: tokens each row used, after truncation
 
 
@@ -81,6 +82,9 @@ MAX_ROWS_PER_REQUEST = 64  # Triton's max_batch_size for every model the builder
 # covers at least one character and real text averages 4-5 per token, so such a row cannot be
 # meant for this model, and tokenizing it would stall every other request
 MAX_TEXT_BYTES_PER_TOKEN = 32
+# token ids one INPUT_IDS row may declare: checked on the declared shape before the tensor is
+# read (with truncate on, longer rows than the engine takes are cut, but none this long)
+MAX_ID_COLUMNS = 65536
 
 # -- why a request got no outputs -------------------------------------------------------------
 

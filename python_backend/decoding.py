@@ -7,15 +7,18 @@ objects, so the checks are unit-tested on plain arrays.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from python_backend.contract import (
+    MAX_ID_COLUMNS,
     MAX_TEXT_BYTES_PER_TOKEN,
     PAIR_INPUT,
     REQUEST_INPUTS,
+    TEXT_INPUTS,
     Reason,
     ServeError,
 )
@@ -88,15 +91,19 @@ def parse_options(
     return RequestOptions(truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name)
 
 
-def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
-    if array.ndim != 2:
+def check_declared_shape(name: str, shape: Sequence[int], limits: Limits) -> int:
+    """The rows of an input of this shape, or a ServeError naming it: [rows, 1] for text,
+    [rows, tokens] for ids. Run on the shape a request declares, before its tensor is read into
+    numpy, and again on the array read."""
+    is_text = name in TEXT_INPUTS
+    if len(shape) != 2:
         raise ServeError(
             Reason.BAD_SHAPE,
-            f"input {name} must have shape [rows, {'1' if name == 'TEXT' else 'tokens'}], "
-            f"got rank {array.ndim} shape {list(array.shape)}",
+            f"input {name} must have shape [rows, {'1' if is_text else 'tokens'}], "
+            f"got rank {len(shape)} shape {list(shape)}",
         )
-    rows = array.shape[0]
-    if rows == 0:
+    rows, columns = (int(d) for d in shape)
+    if rows <= 0:
         raise ServeError(
             Reason.BAD_SHAPE,
             f"input {name} has zero rows",
@@ -105,6 +112,16 @@ def _rows_in(name: str, array: np.ndarray, limits: Limits) -> int:
         raise ServeError(
             Reason.BAD_SHAPE,
             f"input {name} has {rows} rows; the limit is {limits.max_rows} per request",
+        )
+    if is_text and columns != 1:
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input {name} must have shape [rows, 1], got {list(shape)}",
+        )
+    if not 0 <= columns <= MAX_ID_COLUMNS:
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input {name} declares {columns} tokens a row; the limit is {MAX_ID_COLUMNS}",
         )
     return rows
 
@@ -117,12 +134,7 @@ def _text_rows(name: str, text: np.ndarray, limits: Limits, options: RequestOpti
             Reason.BAD_DTYPE,
             f"input {name} must be BYTES (strings), got {text.dtype}",
         )
-    _rows_in(name, text, limits)
-    if text.shape[1] != 1:
-        raise ServeError(
-            Reason.BAD_SHAPE,
-            f"input {name} must have shape [rows, 1], got {list(text.shape)}",
-        )
+    check_declared_shape(name, text.shape, limits)
     max_bytes = limits.max_length * MAX_TEXT_BYTES_PER_TOKEN
     texts = []
     for r, value in enumerate(text[:, 0]):
@@ -196,7 +208,7 @@ def decode_ids(
             Reason.BAD_DTYPE,
             f"input INPUT_IDS must be INT64, got {ids.dtype}",
         )
-    num_rows = _rows_in("INPUT_IDS", ids, limits)
+    num_rows = check_declared_shape("INPUT_IDS", ids.shape, limits)
     if ids.shape[1] == 0:
         raise ServeError(
             Reason.EMPTY_ROW,

@@ -28,7 +28,13 @@ from python_backend.contract import (
     ServeError,
 )
 from python_backend.cost_models import CostModel, LinearCost
-from python_backend.decoding import Limits, Prompts, decode_request, parse_options
+from python_backend.decoding import (
+    Limits,
+    Prompts,
+    check_declared_shape,
+    decode_request,
+    parse_options,
+)
 from python_backend.engines import open_engine
 from python_backend.engines.base import Engine
 from python_backend.faults import FaultInjectingEngine, load_fault_spec
@@ -129,6 +135,8 @@ class RequestDecoder:
         for name in (*REQUEST_INPUTS, PAIR_INPUT):
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
+                # the declared shape first: nothing of a tensor is read or copied past a limit
+                check_declared_shape(name, tensor.shape(), self.limits)
                 inputs[name] = tensor.as_numpy()
         decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
         return decoded.rows, options.timeout_ms / 1000.0 if options.timeout_ms else None

@@ -92,6 +92,9 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         return self.array
 
+    def shape(self) -> list[int]:
+        return list(self.array.shape)
+
 
 class InferenceResponse:
     def __init__(

@@ -234,3 +234,43 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
     wired = wire(overridden, pairs, engine, None)
     assert wired.cost == LinearCost(300) and wired.scheduler.layout.max_batch == 4
     assert wired.decoder.limits.pairs
+
+
+class DeclaredOnly:
+    """A tensor as the stub hands it over: its declared shape, and data that must not be read."""
+
+    def __init__(self, shape: list[int]) -> None:
+        self._shape = shape
+
+    def shape(self) -> list[int]:
+        return self._shape
+
+    def as_numpy(self):
+        raise AssertionError("the tensor was read before its declared shape was checked")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "message"),
+    [
+        ("TEXT", [1 << 40, 1], "1099511627776 rows; the limit is 64"),
+        ("TEXT", [1, 1 << 20], "must have shape [rows, 1]"),
+        ("INPUT_IDS", [1, 1 << 40], "declares 1099511627776 tokens a row; the limit is 65536"),
+        ("INPUT_IDS", [2, 3, 4], "got rank 3"),
+    ],
+)
+def test_a_declared_shape_past_the_limits_is_refused_before_the_tensor_is_read(
+    pb, monkeypatch, tmp_path, name, shape, message
+):
+    engine = ClosingEngine(layout(max_length=64))
+    model = load_model(pb, monkeypatch, tmp_path, engine)
+    request = FakeRequest({})
+    monkeypatch.setattr(
+        pb, "get_input_tensor_by_name", lambda _r, n: DeclaredOnly(shape) if n == name else None
+    )
+    try:
+        model.execute([request])
+        ((response, _),) = request.sent
+        assert response.error.code == "INVALID_ARG"
+        assert name in response.error.message and message in response.error.message
+    finally:
+        model.finalize()
