@@ -74,6 +74,7 @@ def body_check(
     grpc_port: int,
     max_body_size: str,
     log_path: Path,
+    workers: int = 1,
 ) -> HelperProcess:
     """The body check on loopback ports, in front of Triton's HTTP and gRPC ports."""
     command = [
@@ -85,6 +86,7 @@ def body_check(
         f"--http-listen=127.0.0.1:{http_port}",
         f"--grpc-listen=127.0.0.1:{grpc_port}",
         f"--max-body-size={max_body_size}",
+        f"--workers={workers}",
     ]
     return HelperProcess(
         "the body check", command, f"http://127.0.0.1:{http_port}/health", log_path

@@ -205,6 +205,8 @@ class ServeSettings:
     check_grpc_port: int = field(
         default=18005, metadata=from_env("CHECK_GRPC_PORT", int_at_least(1))
     )
+    # body-check processes sharing its ports: its CPU per request is Python's (docs/SECURITY.md)
+    check_workers: int = field(default=1, metadata=from_env("CHECK_WORKERS", int_at_least(1)))
     admin_key: str = field(default="", metadata=from_env("TRITON_ADMIN_KEY", parse_api_key))
     probe_interval_s: float = field(
         default=2.0, metadata=from_env("PROBE_INTERVAL_S", number_at_least(0.05))
@@ -461,6 +463,7 @@ class Launcher:
                 s.check_grpc_port,
                 s.front_door.max_body_size,
                 s.state_dir / "body_check.log",
+                workers=s.check_workers,
             ),
         ]
 
