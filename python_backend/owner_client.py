@@ -50,6 +50,11 @@ HEARTBEAT_S = 0.5  # the owner takes a front silent for FRONT_SILENT_S (3 s) as 
 CANCEL_POLL_S = 0.1
 
 
+class StalledDrop(ServeError):
+    """``owner_lost`` for a request the owner saw, then dropped because this front fell silent
+    (stopped, say, then resumed): the owner has counted it already, as cancelled."""
+
+
 @dataclass(slots=True)
 class _InFlight:
     respond: Callable[[Outcome], None]
@@ -240,7 +245,7 @@ class OwnerClient:
                 error = f.error
                 if error.reason is Reason.CANCELLED and not entry.cancel_sent:
                     # the owner dropped it because this front was silent (stopped, then resumed)
-                    error = ServeError(
+                    error = StalledDrop(
                         Reason.OWNER_LOST,
                         "the model's front stalled and its queued request was dropped; retry",
                     )

@@ -232,8 +232,8 @@ class QueueOwner:
             try:
                 socket.send_multipart([front, *frames], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as err:  # the front is gone: nobody is left to read them
-                if err.errno != zmq.EHOSTUNREACH:
-                    raise
+                if err.errno != zmq.EHOSTUNREACH:  # not seen: the loop goes on for the others
+                    self.log(f"queue owner: answers to a front could not be sent: {err}")
                 self._last_heard.pop(front, None)
                 self._live.pop(front, None)
 

@@ -32,7 +32,7 @@ from python_backend.contract import (
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
-from python_backend.owner_client import OwnerClient
+from python_backend.owner_client import OwnerClient, StalledDrop
 from python_backend.queue_owner import (
     QueueOwner,
     clear_failure,
@@ -107,7 +107,11 @@ class FrontModel:
         )
 
     def _respond(self, sender: Any, outcome: Outcome) -> None:
-        if isinstance(outcome, ServeError) and outcome.reason is Reason.OWNER_LOST:
+        if (
+            isinstance(outcome, ServeError)
+            and outcome.reason is Reason.OWNER_LOST
+            and not isinstance(outcome, StalledDrop)  # the owner counted that one
+        ):
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
         _send_final(sender, answer_response(self.output_name, outcome))
 

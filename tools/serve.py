@@ -14,9 +14,10 @@
   every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
   and the requests the dead stub held end with an error). A dead queue owner of the split layout
   is reloaded alone instead (Triton runs with explicit model control, every model loaded): its
-  fronts answer its requests 503 at once and reconnect when it is back, and nothing else stops. Triton exiting on its own (a request
-  that crashes Triton 2.51, say) is restarted too, after a backoff that doubles from 1 s, and
-  the reason is logged; so is the OpenAI adapter. Past RESTART_LIMIT (5) failures within
+  fronts answer its requests 503 at once and reconnect when it is back, and nothing else stops.
+  Triton exiting on its own (a request that crashes Triton 2.51, say) is restarted too, after a
+  backoff that doubles from 1 s, and the reason is logged; so are the OpenAI adapter and the
+  body check. Past RESTART_LIMIT (5) failures within
   RESTART_WINDOW_S (300 s), or when nginx exits, the launcher ends with code 1 and a message;
   nothing of any part is left running.
 - The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
@@ -100,15 +101,15 @@ def reload_model(base_url: str, model: str, admin_key: str, timeout_s: float) ->
     deadline = time.monotonic() + timeout_s
     while True:  # unloading ends once the old instances are finalized
         code, body = post("/index")
-        states = (
-            {m.get("name"): m.get("state") for m in json.loads(body or b"[]")}
-            if code == 200
-            else {}
-        )
-        if states.get(model) not in ("READY", "UNLOADING"):
-            break
+        if code == 200:
+            states = {m.get("name"): m.get("state") for m in json.loads(body or b"[]")}
+            state = states.get(model)
+            if state not in ("READY", "UNLOADING"):
+                break
+        else:  # an index that failed says nothing of the model: ask again until the deadline
+            state = f"unknown (index answered {code}: {body[:120]!r})"
         if time.monotonic() > deadline:
-            return f"still {states.get(model)} after {timeout_s:.0f} s"
+            return f"still {state} after {timeout_s:.0f} s"
         time.sleep(0.2)
     code, body = post(f"/models/{model}/load")
     return None if code == 200 else f"load answered {code}: {body[:200]!r}"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from python_backend.contract import Reason, ServeError
-from python_backend.owner_client import OwnerClient
+from python_backend.owner_client import OwnerClient, StalledDrop
 from python_backend.owner_wire import (
     SUBMIT,
     Answered,
@@ -227,6 +227,8 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
         assert isinstance(answers.outcomes[0], Answer)
         assert answers.outcomes[1].reason is Reason.OWNER_LOST
         assert "stalled" in str(answers.outcomes[1])
+        # the owner counted it (cancelled): the front must not count it again
+        assert isinstance(answers.outcomes[1], StalledDrop)
         assert all(length != 64 for _, length in owner.scheduler.engine.calls)
     finally:
         client.stop()

@@ -1,0 +1,69 @@
+"""The launcher's pieces that talk to Triton, against a small HTTP server standing in for
+Triton's repository API (the real server's reload is covered in tests/e2e/test_split_faults.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tools.serve import reload_model
+
+
+class Repository(BaseHTTPRequestHandler):
+    """Answers unload and load with 200; /index with the next of ``index_answers``."""
+
+    calls: list[str]
+    index_answers: list[tuple[int, object]]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        path = self.path.removeprefix("/v2/repository")
+        self.calls.append(path)
+        code, body = (200, {})
+        if path == "/index":
+            code, body = self.index_answers.pop(0) if self.index_answers else (200, [])
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def repository():
+    handler = type("Handler", (Repository,), {"calls": [], "index_answers": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_a_failed_index_is_asked_again_and_the_model_is_loaded_only_once_unloaded(repository):
+    handler, base = repository
+    handler.index_answers = [
+        (500, {"error": "busy"}),
+        (200, [{"name": "m_owner", "state": "UNLOADING"}]),
+        (200, [{"name": "m_owner", "state": "UNAVAILABLE"}]),
+    ]
+    assert reload_model(base, "m_owner", "key", timeout_s=5) is None
+    assert handler.calls == [
+        "/models/m_owner/unload",
+        "/index",
+        "/index",
+        "/index",
+        "/models/m_owner/load",
+    ]
+
+
+def test_an_index_that_keeps_failing_ends_at_the_deadline_without_loading(repository):
+    handler, base = repository
+    handler.index_answers = [(500, {"error": "busy"})] * 1000
+    failure = reload_model(base, "m_owner", "key", timeout_s=0.5)
+    assert failure is not None and "index answered 500" in failure
+    assert "/models/m_owner/load" not in handler.calls
