@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from python_backend.contract import CLIENT_PARAMETER
+
 # bytes per element of each KServe datatype; BYTES is variable (a 4-byte length, then the bytes)
 DTYPE_BYTES: dict[str, int] = {
     "BOOL": 1,
@@ -170,11 +172,17 @@ def check_parameters(where: str, parameters: object, limits: BodyLimits) -> Mapp
     if len(parameters) > limits.max_parameters:
         raise Refused(f"{where}: {len(parameters)} parameters, at most {limits.max_parameters}")
     for key, value in parameters.items():
-        if key in SHARED_MEMORY_PARAMETERS:
-            raise Refused(f"{where}: shared memory is not served on the public port ({key})")
+        check_parameter_name(where, key)
         if not isinstance(value, (str, int, float, bool)):
             raise Refused(f"{where}: parameter {key!r} must be a string, number or boolean")
     return parameters
+
+
+def check_parameter_name(where: str, key: str) -> None:
+    if key in SHARED_MEMORY_PARAMETERS:
+        raise Refused(f"{where}: shared memory is not served on the public port ({key})")
+    if key == CLIENT_PARAMETER:  # the door's header says who the client is, nothing else
+        raise Refused(f"{where}: parameter {key} is set by the front door, not by a request")
 
 
 def _unknown(where: str, keys: Iterable[str], allowed: frozenset[str]) -> None:
@@ -300,5 +308,4 @@ def check_grpc_parameters(where: str, parameters: Mapping[str, Any], limits: Bod
     if len(parameters) > limits.max_parameters:
         raise Refused(f"{where}: {len(parameters)} parameters, at most {limits.max_parameters}")
     for key in parameters:
-        if key in SHARED_MEMORY_PARAMETERS:
-            raise Refused(f"{where}: shared memory is not served on the public port ({key})")
+        check_parameter_name(where, key)

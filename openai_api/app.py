@@ -32,6 +32,7 @@ from openai_api.protocol import (
     rerank_response,
     shorten,
 )
+from python_backend.contract import CLIENT_PARAMETER
 
 
 class FastJSONResponse(JSONResponse):
@@ -50,6 +51,13 @@ async def json_body(request: Request) -> Any:
 
 
 LOG = logging.getLogger("openai_api")
+
+
+def client_of(request: Request) -> str:
+    """Who sent it, as the front door named them (its header, set over the client's own)."""
+    return request.headers.get(CLIENT_PARAMETER, "")
+
+
 T = TypeVar("T")
 
 
@@ -93,7 +101,10 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         vectors, tokens = await unless_disconnected(
-            request, backend.embed(info, query.texts, query.token_rows, query.prompt_name)
+            request,
+            backend.embed(
+                info, query.texts, query.token_rows, query.prompt_name, client_of(request)
+            ),
         )
         if query.dimensions is not None and query.dimensions != info.output_dim:
             vectors = shorten(vectors, query.dimensions)
@@ -102,10 +113,10 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         )
 
     async def rerank(request: Request) -> Response:
-        query = parse_rerank(await json_body(request))
+        query = parse_rerank(await json_body(request), limits)
         info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
         scores, tokens = await unless_disconnected(
-            request, backend.rerank(info, query.query, query.documents)
+            request, backend.rerank(info, query.query, query.documents, client_of(request))
         )
         return FastJSONResponse(rerank_response(query, scores, tokens))
 

@@ -15,7 +15,13 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
-from python_backend.contract import FAMILY_OUTPUTS, NUM_TOKENS_OUTPUT, PAIR_INPUT, REQUEST_INPUTS
+from python_backend.contract import (
+    CLIENT_PARAMETER,
+    FAMILY_OUTPUTS,
+    NUM_TOKENS_OUTPUT,
+    PAIR_INPUT,
+    REQUEST_INPUTS,
+)
 
 T = TypeVar("T")
 
@@ -66,6 +72,10 @@ async def gather_or_cancel(*calls: Awaitable[T]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+# the query's copies a rerank request may have in flight to Triton at once (its chunks wait)
+RERANK_QUERY_BYTES_IN_FLIGHT = 8 << 20
 
 
 class TritonBackend:
@@ -121,14 +131,18 @@ class TritonBackend:
         texts: list[str] | None,
         token_rows: list[list[int]] | None,
         prompt_name: str | None = None,
+        client: str = "",
     ) -> tuple[np.ndarray, int]:
-        """[inputs, D] float32 in input order, and the tokens the model ran (prompts included)."""
+        """[inputs, D] float32 in input order, and the tokens the model ran (prompts included).
+        ``client``: who sent it, as the front door named them (the model's queue shares)."""
         parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
         items: list[Any] = texts if texts is not None else list(token_rows or [])
         starts = range(0, len(items), info.max_rows)
         parts = await gather_or_cancel(
             *(
-                self._infer(info, items[a : a + info.max_rows], texts is not None, a, parameters)
+                self._infer(
+                    info, items[a : a + info.max_rows], texts is not None, a, parameters, client
+                )
                 for a in starts
             )
         )
@@ -136,16 +150,23 @@ class TritonBackend:
         return vectors, int(sum(p[1] for p in parts))
 
     async def rerank(
-        self, info: ModelInfo, query: str, documents: list[str]
+        self, info: ModelInfo, query: str, documents: list[str], client: str = ""
     ) -> tuple[np.ndarray, int]:
         """The score of (query, document) for each document, in their order, and the tokens."""
-        pairs = [(query, d) for d in documents]
-        parts = await gather_or_cancel(
-            *(
-                self._infer(info, pairs[a : a + info.max_rows], True, a)
-                for a in range(0, len(pairs), info.max_rows)
-            )
-        )
+        # each chunk carries the query once per document: Triton's core refuses a request whose
+        # batched inputs differ in rows, so a one-row query cannot pair with many documents.
+        # What those copies take is bounded instead: chunks run at most as many at once as fit
+        # RERANK_QUERY_BYTES_IN_FLIGHT (all of them for a short query)
+        chunk_bytes = len(query.encode("utf-8", "surrogatepass")) * info.max_rows
+        at_once = asyncio.Semaphore(max(1, RERANK_QUERY_BYTES_IN_FLIGHT // max(1, chunk_bytes)))
+
+        async def chunk(a: int) -> tuple[np.ndarray, int]:
+            async with at_once:
+                return await self._infer(
+                    info, documents[a : a + info.max_rows], True, a, None, client, query
+                )
+
+        parts = await gather_or_cancel(*(chunk(a) for a in range(0, len(documents), info.max_rows)))
         scores = np.concatenate([p[0] for p in parts], axis=0)[:, 0]
         return scores, int(sum(p[1] for p in parts))
 
@@ -156,16 +177,22 @@ class TritonBackend:
         as_text: bool,
         offset: int,
         parameters: dict[str, str] | None = None,
+        client: str = "",
+        query: str | None = None,
     ) -> tuple[np.ndarray, int]:
+        """One request of ``rows``: texts, or token-id rows; with ``query``, a reranker's
+        (query, document) pairs, the rows being the documents."""
         text_name, ids_name, mask_name = REQUEST_INPUTS
         if as_text:
-            # rows are texts, or (text, text pair) tuples for rerankers
-            columns = [(text_name, [r[0] if isinstance(r, tuple) else r for r in rows])]
-            if rows and isinstance(rows[0], tuple):
-                columns.append((PAIR_INPUT, [r[1] for r in rows]))
+            columns = [(text_name, [t.encode("utf-8") for t in rows])]
+            if query is not None:  # a reranker's (query, document) pairs; the query encoded once
+                columns = [
+                    (text_name, [query.encode("utf-8")] * len(rows)),
+                    (PAIR_INPUT, columns[0][1]),
+                ]
             inputs = []
-            for name, texts in columns:
-                data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+            for name, encoded in columns:
+                data = np.array([[t] for t in encoded], dtype=np.object_)
                 tensor = grpcclient.InferInput(name, list(data.shape), "BYTES")
                 tensor.set_data_from_numpy(data)
                 inputs.append(tensor)
@@ -193,6 +220,8 @@ class TritonBackend:
                 outputs=outputs,
                 client_timeout=self.timeout_s,
                 parameters=parameters,
+                # Triton forwards it to the model as a request parameter (tools/serve.py)
+                headers={CLIENT_PARAMETER: client} if client else None,
             )
         except InferenceServerException as err:
             where = (

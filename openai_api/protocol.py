@@ -93,6 +93,17 @@ def _check_token_rows(rows: list[list[int]], limits: InputLimits) -> None:
         )
 
 
+def _check_text_size(text: str, where: str, param: str, limits: InputLimits) -> None:
+    # a character is at most 4 UTF-8 bytes: only a long text needs encoding to count
+    if len(text) * 4 > limits.max_text_bytes_per_input:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limits.max_text_bytes_per_input:
+            raise bad_request(
+                f"`{where}` is {size} bytes; at most {limits.max_text_bytes_per_input} a text input",
+                param=param,
+            )
+
+
 def parse_embeddings(body: Any, limits: InputLimits | None = None) -> EmbeddingsQuery:
     limits = limits or InputLimits()
     model = _model(body)
@@ -125,15 +136,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         for i, text in enumerate(texts):
             if not text:
                 raise bad_request(f"`input[{i}]` is an empty string", param="input")
-            # a character is at most 4 UTF-8 bytes: only a long text needs encoding to count
-            if len(text) * 4 > limits.max_text_bytes_per_input:
-                size = len(text.encode("utf-8", "surrogatepass"))
-                if size > limits.max_text_bytes_per_input:
-                    raise bad_request(
-                        f"`input[{i}]` is {size} bytes; at most "
-                        f"{limits.max_text_bytes_per_input} a text input",
-                        param="input",
-                    )
+            _check_text_size(text, f"input[{i}]", "input", limits)
     if token_rows is not None:
         _check_token_rows(token_rows, limits)
     encoding = body.get("encoding_format", "float")
@@ -209,11 +212,13 @@ class RerankQuery:
     raw_scores: bool
 
 
-def parse_rerank(body: Any) -> RerankQuery:
+def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
+    limits = limits or InputLimits()
     model = _model(body)
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise bad_request("`query` must be a non-empty string", param="query")
+    _check_text_size(query, "query", "query", limits)
     if "documents" in body and "texts" in body:
         raise bad_request("send `documents` or `texts`, not both", param="documents")
     param = "texts" if "texts" in body else "documents"
@@ -225,6 +230,7 @@ def parse_rerank(body: Any) -> RerankQuery:
         text = doc.get("text") if isinstance(doc, dict) else doc  # Cohere: {"text": ...}
         if not isinstance(text, str) or not text.strip():
             raise bad_request(f"`{param}[{i}]` must be a non-empty string", param=param)
+        _check_text_size(text, f"{param}[{i}]", param, limits)
         documents.append(text)
     if len(documents) > MAX_INPUTS:
         raise bad_request(

@@ -85,6 +85,11 @@ MAX_TEXT_BYTES_PER_TOKEN = 32
 # token ids one INPUT_IDS row may declare: checked on the declared shape before the tensor is
 # read (with truncate on, longer rows than the engine takes are cut, but none this long)
 MAX_ID_COLUMNS = 65536
+# who sent a request, for the queue's shares (fair_queue): the front door sets this header from
+# the client's address, over anything the client sent; Triton forwards it as a request parameter
+# of the same name (--http-header-forward-pattern, --grpc-header-forward-pattern)
+CLIENT_PARAMETER = "x-planner-client"
+MAX_CLIENT_NAME = 256  # characters
 
 # -- why a request got no outputs -------------------------------------------------------------
 

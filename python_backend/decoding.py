@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from python_backend.contract import (
+    CLIENT_PARAMETER,
+    MAX_CLIENT_NAME,
     MAX_ID_COLUMNS,
     MAX_TEXT_BYTES_PER_TOKEN,
     PAIR_INPUT,
@@ -38,6 +40,7 @@ class RequestOptions:
     truncate: bool  # rows over max_length: truncate, or refuse the request
     timeout_ms: int  # 0: no deadline
     prompt_name: str | None = None  # a prompt of the model's, prepended to each text row
+    client: str = ""  # who sent it (CLIENT_PARAMETER): the queue is shared between clients
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,16 @@ def parse_options(
             Reason.BAD_PARAMETER,
             f"parameter prompt_name must be a string, got {prompt_name!r}",
         )
-    return RequestOptions(truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name)
+    client = parameters.get(CLIENT_PARAMETER, "")
+    if not isinstance(client, str) or len(client) > MAX_CLIENT_NAME:
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter {CLIENT_PARAMETER} must be a string of at most {MAX_CLIENT_NAME} "
+            "characters",
+        )
+    return RequestOptions(
+        truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name, client=client
+    )
 
 
 def check_declared_shape(name: str, shape: Sequence[int], limits: Limits) -> int:

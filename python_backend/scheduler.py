@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from python_backend.contract import Reason, ServeError
+from python_backend.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.cost_models import CostModel
 from python_backend.engines.base import BucketLayout, Engine, run_rows
+from python_backend.fair_queue import FairQueue
 from python_backend.planner import (
     PLANNERS,
     Group,
@@ -85,6 +86,7 @@ class Request:
     respond: Respond  # called exactly once, with an Answer or a ServeError
     deadline: float | None = None  # clock time after which it must not start computing
     is_cancelled: Callable[[], bool] = _never_cancelled  # asked before it costs anything
+    client: str = ""  # who sent it: the queue is shared between clients (fair_queue)
 
 
 @dataclass(eq=False, slots=True)
@@ -238,8 +240,10 @@ class Scheduler:
         self.policy = policy_named(policy) if isinstance(policy, str) else policy
         self.metrics = metrics or SchedulerMetrics()
         self.clock = clock
-        self._queue: list[Admitted] = []
-        self._queued_rows = 0
+        # shared between clients: whole requests, a step's share each by deficit round-robin
+        self._queue: FairQueue[Admitted] = FairQueue(
+            max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST, step_rows=self.layout.max_batch
+        )
         self._wake_at: float | None = None  # a waiting policy's next planning time
         self._cond = threading.Condition()
         self._accepting = True
@@ -263,16 +267,12 @@ class Scheduler:
                 error = ServeError(
                     Reason.SHUTDOWN, "the server is shutting down; retry on another instance"
                 )
-            elif self._queued_rows + num_rows > self.max_queue_rows:
-                error = ServeError(
-                    Reason.QUEUE_FULL,
-                    f"queue full: {self._queued_rows} rows queued, the limit is "
-                    f"{self.max_queue_rows}; retry later",
-                )
+            elif (full := self._queue.refusal(request.client, num_rows)) is not None:
+                error = ServeError(Reason.QUEUE_FULL, f"{full}; retry later")
             else:
-                self._queue.append(Admitted(request, next(self._arrivals), self.clock()))
-                self._queued_rows += num_rows
-                self.metrics.queue_depth(self._queued_rows)
+                admitted = Admitted(request, next(self._arrivals), self.clock())
+                self._queue.push(request.client, admitted, num_rows)
+                self.metrics.queue_depth(len(self._queue))
                 self._cond.notify()
                 return
         self._finish(Admitted(request, -1, self.clock()), error)
@@ -281,7 +281,7 @@ class Scheduler:
     def queued_rows(self) -> int:
         """Rows waiting for a step."""
         with self._cond:
-            return self._queued_rows
+            return len(self._queue)
 
     @property
     def wake_at(self) -> float | None:
@@ -292,12 +292,14 @@ class Scheduler:
     # -- the step -------------------------------------------------------------------------------
 
     def take(self) -> list[Admitted]:
-        """Everything queued, oldest first; the queue is left empty."""
+        """One step's requests, oldest first: everything queued while one client waits, else
+        each client's share (fair_queue)."""
         with self._cond:
-            collection, self._queue, self._queued_rows = self._queue, [], 0
+            collection = self._queue.take()
             self._wake_at = None
             if collection:
-                self.metrics.queue_depth(0)
+                self.metrics.queue_depth(len(self._queue))
+        collection.sort(key=lambda owner: owner.arrival)
         return collection
 
     def step(self, now: float | None = None) -> list[Forward]:
@@ -534,8 +536,7 @@ class Scheduler:
             owners.setdefault(id(rows[i].owner), rows[i].owner)
         back = sorted(owners.values(), key=lambda o: o.arrival)
         with self._cond:
-            self._queue = back + self._queue
-            self._queued_rows += sum(len(o.request.rows) for o in back)
+            self._queue.push_front((o.request.client, o, len(o.request.rows)) for o in back)
             self._wake_at = wake_at
 
     def _split_and_retry(self, forward: Forward, err: Exception) -> None:

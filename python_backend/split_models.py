@@ -101,7 +101,8 @@ class FrontModel:
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
-        rows, timeout_s = self.decoder.decode(request)
+        # the owner's wire carries no client yet: a split model's queue is shared by fronts
+        rows, timeout_s, _client = self.decoder.decode(request)
         self.client.submit(
             rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
         )

@@ -119,8 +119,9 @@ class RequestDecoder:
     limits: Limits
     prompts: Prompts
 
-    def decode(self, request: Any) -> tuple[list[Any], float | None]:
-        """(rows, seconds it may wait or None) of one request, or a ServeError saying why not."""
+    def decode(self, request: Any) -> tuple[list[Any], float | None, str]:
+        """(rows, seconds it may wait or None, its client) of one request, or a ServeError
+        saying why not."""
         try:
             parameters = json.loads(request.parameters() or "{}")
         except json.JSONDecodeError:
@@ -139,7 +140,8 @@ class RequestDecoder:
                 check_declared_shape(name, tensor.shape(), self.limits)
                 inputs[name] = tensor.as_numpy()
         decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
-        return decoded.rows, options.timeout_ms / 1000.0 if options.timeout_ms else None
+        timeout_s = options.timeout_ms / 1000.0 if options.timeout_ms else None
+        return decoded.rows, timeout_s, options.client
 
 
 def request_decoder(
@@ -279,12 +281,13 @@ class TritonPythonModel(EngineHost):
         self.scheduler.submit(self._decode(request, sender))
 
     def _decode(self, request: Any, sender: Any) -> Request:
-        rows, timeout_s = self.decoder.decode(request)
+        rows, timeout_s, client = self.decoder.decode(request)
         return Request(
             rows=rows,
             respond=partial(self._respond, sender),
             deadline=None if timeout_s is None else time.monotonic() + timeout_s,
             is_cancelled=request.is_cancelled,
+            client=client,
         )
 
     def _respond(self, sender: Any, outcome: Outcome) -> None:

@@ -42,7 +42,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from python_backend.contract import OWNER_SUFFIX
+from python_backend.contract import CLIENT_PARAMETER, OWNER_SUFFIX
 from python_backend.values import BadValue, int_at_least, number_at_least
 from tools.front_door import (
     FrontDoor,
@@ -58,6 +58,13 @@ from tools.triton_server import ROOT, TritonServer
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
+
+
+def client_forward_args() -> list[str]:
+    """Triton passes the front door's client header on to the model as a request parameter of
+    the same name, over HTTP and gRPC: the queue's shares are by client (fair_queue)."""
+    pattern = f"^{CLIENT_PARAMETER}$"
+    return [f"--http-header-forward-pattern={pattern}", f"--grpc-header-forward-pattern={pattern}"]
 
 
 def restricted_api_args(admin_key: str) -> list[str]:
@@ -256,6 +263,7 @@ class Launcher:
                 *restricted_api_args(self.admin_key),
                 "--model-control-mode=explicit",
                 "--load-model=*",
+                *client_forward_args(),
             ],
             exit_timeout_s=s.exit_timeout_s,
             address=s.triton_address,

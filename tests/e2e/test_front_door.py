@@ -465,3 +465,32 @@ def test_a_second_content_encoding_never_reaches_triton(stack, still_serving):
         or b"parse the request JSON" in answer
         or b"the request is not valid JSON" in answer
     )
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_client_header_is_the_doors_own_and_reaches_the_model(stack, protocol):
+    """Sent to Triton's own port, a client header of 300 characters reaches the model as a
+    request parameter (Triton forwards it) and is refused there by name; through the door the
+    same header is replaced by the door's own (the client's address), and the request is served."""
+    from python_backend.contract import CLIENT_PARAMETER
+
+    forged = {CLIENT_PARAMETER: "x" * 300}
+    inputs = text_inputs(protocol, ["who sent this"])
+
+    class Direct:
+        http_url = f"127.0.0.1:{stack.ports['TRITON_HTTP']}"
+        grpc_url = f"127.0.0.1:{stack.ports['TRITON_GRPC']}"
+
+    err = infer_error(client(Direct(), protocol), "minilm", inputs, headers=dict(forged))
+    assert CLIENT_PARAMETER in err.message() and "at most 256" in err.message()
+    embedding, _ = infer(client(stack, protocol), "minilm", inputs, headers={**forged, **auth()})
+    assert embedding.shape == (1, 384)
+
+
+def test_a_body_parameter_naming_the_client_is_refused_at_the_door(stack, still_serving):
+    body = (
+        b'{"parameters":{"x-planner-client":"someone else"},'
+        b'"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],"data":["hi"]}]}'
+    )
+    answer = exchange(stack.http_port, request_bytes(body))
+    assert status_of(answer) == 400 and b"set by the front door" in answer

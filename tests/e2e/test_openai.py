@@ -312,3 +312,80 @@ def test_a_request_refused_in_one_chunk_leaves_no_work_behind(stack, api):
             break
         computed = now
     assert computed <= 64, f"{computed} rows computed after the refusal: at most one forward's"
+
+
+def adapter_process(stack):
+    import psutil
+
+    assert stack.process is not None
+    for child in psutil.Process(stack.process.pid).children(recursive=True):
+        if "openai_api" in " ".join(child.cmdline()):
+            return child
+    raise AssertionError("no OpenAI adapter is running")
+
+
+def peak_growth(pid: int, send) -> tuple[object, int]:
+    """(what ``send()`` returned, the adapter's peak resident memory while it ran, above its
+    resident memory before): Linux's high-water mark, reset first (clear_refs 5)."""
+    from pathlib import Path
+
+    proc = Path(f"/proc/{pid}")
+    (proc / "clear_refs").write_text("5")
+
+    def kilobytes(field: str) -> int:
+        line = next(x for x in (proc / "status").read_text().splitlines() if x.startswith(field))
+        return int(line.split()[1]) * 1024
+
+    before = kilobytes("VmRSS:")
+    result = send()
+    return result, kilobytes("VmHWM:") - before
+
+
+def tiny_ints() -> tuple[str, dict]:
+    """2048 rows of one-digit ids: each 2 bytes of body, a Python int and a slot once read."""
+    return "/v1/embeddings", {"model": "minilm", "input": [[7] * 8] * 2048}
+
+
+def a_long_row_beside_short_ones() -> tuple[str, dict]:
+    """8192 ids (the most one input may hold) beside 2047 rows of one: a chunk's rows are padded
+    to its longest row before they are sent."""
+    return "/v1/embeddings", {"model": "minilm", "input": [[7] * 8192] + [[7]] * 2047}
+
+
+def one_character_strings() -> tuple[str, dict]:
+    return "/v1/embeddings", {"model": "minilm", "input": ["a"] * 2048}
+
+
+def rerank_long_query() -> tuple[str, dict]:
+    """A 200 kB query beside 2048 documents: 32 chunks of 64 copies of it (400 MB, were they
+    all in flight at once)."""
+    query = "what the planner does " * 9000
+    return "/v1/rerank", {"model": "reranker", "query": query, "documents": ["d"] * 2048}
+
+
+@pytest.mark.parametrize(
+    "make", [tiny_ints, a_long_row_beside_short_ones, one_character_strings, rerank_long_query]
+)
+def test_the_adapters_memory_is_bounded_by_the_body(stack, make):
+    path, payload = make()
+    body = json.dumps(payload).encode()
+    assert len(body) < 1 << 20  # the stack's MAX_BODY_SIZE
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    adapter = adapter_process(stack)
+
+    def send():
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{stack.http_port}{path}", data=body, headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()[:300]
+
+    status, growth = peak_growth(adapter.pid, send)
+    assert status == 200
+    bound = 16 * len(body) + (64 << 20)
+    assert growth <= bound, (
+        f"{growth / 2**20:.0f} MB above its resting size; bound {bound / 2**20:.0f} MB"
+    )

@@ -262,3 +262,11 @@ def test_check_grpc_request_takes_the_message_size_as_the_bound():
     check_grpc_request(request, size, LIMITS)
     with pytest.raises(Refused, match="more than a 11-byte body"):
         check_grpc_request(request, 11, LIMITS)
+
+
+def test_a_request_parameter_naming_the_client_is_the_doors_alone():
+    body = json_body(text_input([1, 1], ["x"]), parameters={"x-planner-client": "me"})
+    assert "set by the front door" in refused(body)
+    request = grpc_request({"TEXT": TEXTS})
+    request.parameters["x-planner-client"].string_param = "me"
+    assert "set by the front door" in grpc_refused(request)

@@ -158,3 +158,13 @@ def test_prompt_names_are_checked(tokenizer):
     with pytest.raises(ServeError, match="prompt_name must be a string"):
         parse_options({"prompt_name": 3}, True, 0)
     assert parse_options({"prompt_name": "query"}, True, 0).prompt_name == "query"
+
+
+def test_the_client_parameter_is_a_short_string():
+    from python_backend.contract import CLIENT_PARAMETER
+
+    assert parse_options({CLIENT_PARAMETER: "10.0.0.7"}, True, 0).client == "10.0.0.7"
+    assert parse_options({}, True, 0).client == ""
+    for bad in (7, "x" * 257):
+        with pytest.raises(ServeError, match=CLIENT_PARAMETER):
+            parse_options({CLIENT_PARAMETER: bad}, True, 0)

@@ -164,6 +164,20 @@ def test_rerank_requests_in_tei_and_cohere_shapes():
         assert err.value.status == 400 and err.value.param == param
 
 
+def test_rerank_texts_are_held_to_the_text_input_cap():
+    from openai_api.protocol import InputLimits, parse_rerank
+
+    limits = InputLimits(max_tokens_per_input=4)  # 128 bytes a text
+    for body, param in (
+        ({"model": "r", "query": "q" * 129, "documents": ["a"]}, "query"),
+        ({"model": "r", "query": "q", "documents": ["a", "d" * 129]}, "documents"),
+    ):
+        with pytest.raises(OpenAIError, match="129 bytes; at most 128") as err:
+            parse_rerank(body, limits)
+        assert err.value.param == param
+    assert parse_rerank({"model": "r", "query": "q" * 128, "documents": ["a"]}, limits)
+
+
 def test_rerank_results_are_sorted_best_first_with_their_indices():
     from openai_api.protocol import parse_rerank, rerank_response
 

@@ -1,0 +1,133 @@
+"""The queue shared between clients: one line per client, taken by deficit round-robin.
+
+Pure: items and their row counts in, items out; no threads, no tensors. The scheduler holds one
+under its lock.
+
+- **Service order.** Each step takes whole requests, visiting the clients in turn: a client's
+  deficit grows by ``quantum_rows`` each visit and pays for its requests, oldest first (deficit
+  round-robin, Shreedhar and Varghese 1995). With one client active everything is taken, as
+  before; with more, a step takes about ``step_rows`` rows, so a client that sends a row now
+  waits for one step of the others' rows, not for everything they queued.
+- **Admission.** The queue holds ``max_rows`` rows. When it is full, a client over its share
+  (``max_rows`` / active clients, itself counted) is refused, and only its own rows; a client
+  under its share is admitted beyond the bound, by at most one share, so the rows queued never
+  exceed twice ``max_rows``.
+
+A client is a name (the front door's, from the API key or the address); "" is the one client
+of a server nobody names.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Line(Generic[T]):
+    """One client's queued requests, oldest first, with their rows."""
+
+    items: deque[tuple[T, int]] = field(default_factory=deque)
+    rows: int = 0
+    deficit: int = 0  # rows it may still take before the next client's turn
+
+
+class FairQueue(Generic[T]):
+    def __init__(self, max_rows: int, quantum_rows: int, step_rows: int) -> None:
+        self.max_rows = max_rows  # the bound on rows queued (a client under its share may pass it)
+        self.quantum_rows = quantum_rows  # rows a client's deficit grows by, each visit
+        self.step_rows = step_rows  # rows one step takes while more than one client waits
+        self._lines: dict[str, _Line[T]] = {}  # active clients, in visiting order
+        self._turn: deque[str] = deque()  # the visiting order; its head is visited next
+        self.rows = 0  # rows queued, every client
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def clients(self) -> int:
+        """Clients with rows queued."""
+        return len(self._lines)
+
+    def rows_of(self, client: str) -> int:
+        line = self._lines.get(client)
+        return line.rows if line is not None else 0
+
+    def refusal(self, client: str, rows: int) -> str | None:
+        """Why ``rows`` more of ``client``'s rows are not admitted, or None if they are."""
+        if self.rows + rows <= self.max_rows:
+            return None
+        mine = self.rows_of(client)
+        sharing = self.clients + (0 if client in self._lines else 1)
+        share = self.max_rows // sharing
+        if mine + rows <= share and self.rows + rows <= 2 * self.max_rows:
+            return None
+        if sharing == 1:
+            return f"queue full: {self.rows} rows queued, the limit is {self.max_rows}"
+        return (
+            f"queue full: {self.rows} rows queued, the limit is {self.max_rows}; this client "
+            f"holds {mine}, its share of {sharing} clients is {share}"
+        )
+
+    def push(self, client: str, item: T, rows: int) -> None:
+        line = self._line(client)
+        line.items.append((item, rows))
+        line.rows += rows
+        self.rows += rows
+
+    def push_front(self, returned: Iterable[tuple[str, T, int]]) -> None:
+        """Items a step took and did not run (a waiting policy), back ahead of their clients'
+        lines, in the order given."""
+        by_client: dict[str, list[tuple[T, int]]] = {}
+        for client, item, rows in returned:
+            by_client.setdefault(client, []).append((item, rows))
+        for client, items in by_client.items():
+            line = self._line(client)
+            line.items.extendleft(reversed(items))
+            added = sum(rows for _, rows in items)
+            line.rows += added
+            self.rows += added
+
+    def take(self) -> list[T]:
+        """One step's requests: everything while one client waits; else by deficit
+        round-robin, whole requests, until about ``step_rows`` rows are taken."""
+        taken: list[T] = []
+        if len(self._lines) == 1:
+            (client,) = self._lines
+            taken = [item for item, _ in self._lines[client].items]
+            self._drop(client)
+            self.rows = 0
+            return taken
+        budget = self.step_rows
+        while self._turn and budget > 0:
+            client = self._turn[0]
+            line = self._lines[client]
+            line.deficit += self.quantum_rows
+            while line.items and line.items[0][1] <= line.deficit and budget > 0:
+                item, rows = line.items.popleft()
+                line.deficit -= rows
+                line.rows -= rows
+                self.rows -= rows
+                budget -= rows
+                taken.append(item)
+            if not line.items:
+                self._drop(client)
+            else:  # its turn is over; what its deficit did not spend waits for its next one
+                self._turn.rotate(-1)
+        return taken
+
+    def _line(self, client: str) -> _Line[T]:
+        line = self._lines.get(client)
+        if line is None:
+            line = self._lines[client] = _Line()
+            self._turn.append(client)
+        return line
+
+    def _drop(self, client: str) -> None:
+        """An empty line leaves, and its deficit with it (an idle client saves no credit)."""
+        del self._lines[client]
+        self._turn.remove(client)

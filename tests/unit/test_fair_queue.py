@@ -1,0 +1,96 @@
+"""The queue shared between clients: deficit round-robin service, shares of a full queue."""
+
+from __future__ import annotations
+
+import random
+
+from python_backend.fair_queue import FairQueue
+
+
+def queue(max_rows: int = 128, step_rows: int = 64) -> FairQueue[str]:
+    return FairQueue(max_rows, quantum_rows=64, step_rows=step_rows)
+
+
+def test_one_client_gets_everything_at_once_in_order():
+    q = queue()
+    for i in range(5):
+        q.push("", f"r{i}", 20)
+    assert q.take() == [f"r{i}" for i in range(5)]
+    assert len(q) == 0 and q.clients == 0 and q.take() == []
+
+
+def test_a_light_client_waits_one_step_of_the_heavy_clients_rows_not_all_of_them():
+    q = queue(max_rows=4096)
+    for i in range(32):
+        q.push("heavy", f"h{i}", 64)
+    q.push("light", "l0", 1)
+    first, second = q.take(), q.take()
+    assert first == ["h0"]  # one step's worth: 64 rows
+    assert "l0" in second
+    assert len(q) == 64 * 32 - 64 * (len(first) + len(second) - 1)
+
+
+def test_two_busy_clients_share_the_steps_by_rows():
+    q = queue(max_rows=10_000, step_rows=128)
+    for i in range(100):
+        q.push("big", f"b{i}", 64)
+        q.push("small", f"s{i}", 8)
+    served = {"big": 0, "small": 0}
+    for _ in range(10):  # both still waiting: small's 800 rows last 12 steps of 64
+        for item in q.take():
+            served["big" if item[0] == "b" else "small"] += 64 if item[0] == "b" else 8
+    # each client's deficit grows by 64 rows a turn: they get the same rows, within one request
+    assert abs(served["big"] - served["small"]) <= 64
+
+
+def test_a_full_queue_refuses_the_client_over_its_share_and_admits_the_one_under_it():
+    q = queue(max_rows=128)
+    q.push("heavy", "h0", 64)
+    q.push("heavy", "h1", 64)
+    refusal = q.refusal("heavy", 1)
+    assert refusal is not None and "the limit is 128" in refusal
+    assert q.refusal("light", 1) is None  # its share is 128 / 2 = 64
+    q.push("light", "l0", 64)
+    refusal = q.refusal("light", 1)
+    assert refusal is not None and "this client holds 64, its share of 2 clients is 64" in refusal
+    third = q.refusal("third", 42)  # its share is 128 / 3 = 42
+    assert third is None and q.refusal("third", 43) is not None
+
+
+def test_rows_queued_never_pass_twice_the_bound():
+    rng = random.Random(7)
+    q = queue(max_rows=256)
+    for n in range(5000):
+        client, rows = f"c{rng.randrange(12)}", rng.randint(1, 64)
+        if q.refusal(client, rows) is None:
+            q.push(client, f"{client}-{n}", rows)
+        assert len(q) <= 2 * 256
+        if rng.random() < 0.1:
+            q.take()
+
+
+def test_rows_a_step_returns_go_back_ahead_of_their_clients_lines():
+    q = queue(max_rows=4096)
+    q.push("a", "a0", 64)
+    q.push("a", "a1", 64)
+    q.push("b", "b0", 64)
+    taken = q.take()
+    assert taken == ["a0"]
+    q.push_front([("a", "a0", 64)])
+    assert q.rows_of("a") == 128 and len(q) == 192
+    rest = q.take() + q.take() + q.take()
+    assert rest.index("a0") < rest.index("a1")
+
+
+def test_a_client_that_empties_keeps_no_credit():
+    q = queue(max_rows=4096)
+    q.push("a", "a0", 1)
+    q.push("b", "b0", 64)
+    q.take()  # a spends 1 of its 64: the rest would be credit for later
+    assert q.rows_of("a") == 0 and q.clients <= 1
+    q.push("a", "a1", 64)
+    q.push("a", "a2", 64)
+    q.push("b", "b1", 64)
+    q.push("b", "b2", 64)
+    first = q.take()
+    assert len(first) == 1  # a fresh start: one 64-row request a turn, nothing saved up
