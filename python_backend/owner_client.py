@@ -83,7 +83,8 @@ class OwnerClient:
         self.tick = tick  # called by the I/O thread at each wake-up (a front's metrics flush)
         self.identity = uuid.uuid4().bytes  # a new front process is a new front to the owner
         self._ids = itertools.count()
-        self._outgoing: deque[tuple[int, list[np.ndarray], float, _InFlight]] = deque()
+        # (request id, rows, seconds left, client, its record) per request not yet sent
+        self._outgoing: deque[tuple[int, list[np.ndarray], float, str, _InFlight]] = deque()
         self._in_flight: dict[int, _InFlight] = {}
         self._wake = Wakeup()  # requests were submitted: one wake-up for all of them
         self._stop = threading.Event()
@@ -128,15 +129,17 @@ class OwnerClient:
         respond: Callable[[Outcome], None],
         timeout_s: float | None = None,
         is_cancelled: Callable[[], bool] = _never,
+        client: str = "",
     ) -> None:
         """Sends a request to the owner (soon, with whatever else is pending); ``respond`` is
-        called once, from the I/O thread, with its Answer or a ServeError."""
+        called once, from the I/O thread, with its Answer or a ServeError. ``client``: who sent
+        it, for the owner's queue shares."""
         entry = _InFlight(respond, is_cancelled)
         if self._stop.is_set():
             self._answer(entry, ServeError(Reason.SHUTDOWN, "the model is stopping; retry"))
             return
         timeout = NO_DEADLINE if timeout_s is None else timeout_s
-        self._outgoing.append((next(self._ids), rows, timeout, entry))
+        self._outgoing.append((next(self._ids), rows, timeout, client, entry))
         self._wake.signal()
 
     # -- the I/O thread ---------------------------------------------------------------------------
@@ -207,19 +210,20 @@ class OwnerClient:
         while self._outgoing:
             batch.append(self._outgoing.popleft())
         frames = encode_submit(
-            [rid for rid, _, _, _ in batch],
-            [rows for _, rows, _, _ in batch],
-            [timeout for _, _, timeout, _ in batch],
+            [rid for rid, _, _, _, _ in batch],
+            [rows for _, rows, _, _, _ in batch],
+            [timeout for _, _, timeout, _, _ in batch],
+            [client for _, _, _, client, _ in batch],
         )
         try:
             socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:  # no owner connected (starting, or restarting)
             error = ServeError(Reason.OWNER_LOST, "the model's queue owner is not running; retry")
-            for _, _, _, entry in batch:
+            for *_, entry in batch:
                 self._answer(entry, error)
             return False
         ask_at = time.monotonic() + self.cancel_poll_s
-        for rid, _, _, entry in batch:
+        for rid, *_, entry in batch:
             entry.ask_at = ask_at
             self._in_flight[rid] = entry
         return True
@@ -276,7 +280,7 @@ class OwnerClient:
     def _fail_all(self, error: ServeError) -> None:
         self._fail_in_flight(error)
         while self._outgoing:
-            self._answer(self._outgoing.popleft()[3], error)
+            self._answer(self._outgoing.popleft()[4], error)
 
     def _answer(self, entry: _InFlight, outcome: Outcome) -> None:
         try:

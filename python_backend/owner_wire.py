@@ -59,6 +59,7 @@ class Submitted:
     request_id: int
     rows: list[np.ndarray]  # int64 token ids per row (views into one buffer)
     timeout_s: float | None  # seconds it may still wait, measured when the front sent it
+    client: str = ""  # who sent it (the front door's name): the owner's queue shares by it
 
 
 @dataclass(eq=False, slots=True)
@@ -132,9 +133,14 @@ class Wakeup:
 
 
 def encode_submit(
-    request_ids: Sequence[int], rows: Sequence[Sequence[np.ndarray]], timeouts_s: Sequence[float]
+    request_ids: Sequence[int],
+    rows: Sequence[Sequence[np.ndarray]],
+    timeouts_s: Sequence[float],
+    clients: Sequence[str] | None = None,
 ) -> list[Frame]:
-    """One SUBMIT message for these requests (rows[i] are request i's token-id rows)."""
+    """One SUBMIT message for these requests (rows[i] are request i's token-id rows; clients[i]
+    its client's name, "" for all when None)."""
+    names = [c.encode("utf-8") for c in clients] if clients is not None else [b""] * len(rows)
     lengths = [len(r) for request in rows for r in request]
     ids = (
         np.concatenate([r for request in rows for r in request]).astype(TOKEN_DTYPE, copy=False)
@@ -148,19 +154,29 @@ def encode_submit(
         _raw(np.asarray(timeouts_s, np.float64)),
         _raw(np.asarray(lengths, np.int32)),
         _raw(ids),
+        _raw(np.fromiter(map(len, names), np.int32, len(names))),
+        b"".join(names),
     ]
 
 
 def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
-    if len(frames) != 6 or bytes(frames[0]) != SUBMIT:
-        raise WireError(f"a submit message has 6 frames, this one {len(frames)}")
+    if len(frames) != 8 or bytes(frames[0]) != SUBMIT:
+        raise WireError(f"a submit message has 8 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
     rows_per = _column(frames[2], np.int32, "rows per request")
     timeouts = _column(frames[3], np.float64, "timeouts")
     lengths = _column(frames[4], np.int32, "row lengths")
     tokens = _column(frames[5], TOKEN_DTYPE, "token ids")
-    if not len(request_ids) == len(rows_per) == len(timeouts):
-        raise WireError("request ids, rows per request and timeouts differ in count")
+    name_lengths = _column(frames[6], np.int32, "client name lengths")
+    names = bytes(frames[7])
+    if not len(request_ids) == len(rows_per) == len(timeouts) == len(name_lengths):
+        raise WireError("request ids, rows per request, timeouts and clients differ in count")
+    if (name_lengths < 0).any() or int(name_lengths.sum()) != len(names):
+        raise WireError("the client names' lengths do not cover their bytes")
+    try:
+        clients = [names[a:b].decode("utf-8") for a, b in _spans(name_lengths)]
+    except UnicodeDecodeError:
+        raise WireError("a client name is not UTF-8") from None
     if int(rows_per.sum()) != len(lengths) or int(lengths.sum()) != len(tokens):
         raise WireError("the rows' lengths do not cover the token ids")
     if (rows_per < 1).any() or (lengths < 1).any():
@@ -168,9 +184,9 @@ def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
     wide = tokens.astype(np.int64)  # one conversion for the whole message
     rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
     return [
-        Submitted(request_id, rows[a:b], None if math.isnan(timeout) else timeout)
-        for request_id, (a, b), timeout in zip(
-            request_ids.tolist(), _spans(rows_per), timeouts.tolist(), strict=True
+        Submitted(request_id, rows[a:b], None if math.isnan(timeout) else timeout, client)
+        for request_id, (a, b), timeout, client in zip(
+            request_ids.tolist(), _spans(rows_per), timeouts.tolist(), clients, strict=True
         )
     ]
 

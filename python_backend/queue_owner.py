@@ -202,6 +202,7 @@ class QueueOwner:
                     respond=partial(self._respond, front, rid),
                     deadline=None if timeout is None else now + timeout,
                     is_cancelled=ticket.is_cancelled,
+                    client=submitted.client,
                 )
             )
 

@@ -101,10 +101,13 @@ class FrontModel:
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
-        # the owner's wire carries no client yet: a split model's queue is shared by fronts
-        rows, timeout_s, _client = self.decoder.decode(request)
+        rows, timeout_s, client = self.decoder.decode(request)
         self.client.submit(
-            rows, partial(self._respond, sender), timeout_s, is_cancelled=request.is_cancelled
+            rows,
+            partial(self._respond, sender),
+            timeout_s,
+            is_cancelled=request.is_cancelled,
+            client=client,
         )
 
     def _respond(self, sender: Any, outcome: Outcome) -> None:

@@ -69,11 +69,20 @@ def rows_of(rng, n_rows):
 def test_the_wire_round_trips_and_refuses_frames_that_disagree():
     rng = np.random.default_rng(0)
     requests = [rows_of(rng, k) for k in (1, 3, 2)]
-    frames = encode_submit([7, 8, 9], requests, [0.5, float("nan"), 2.0])
+    clients = ["10.0.0.7", "", "клиент"]
+    frames = encode_submit([7, 8, 9], requests, [0.5, float("nan"), 2.0], clients)
     assert bytes(frames[0]) == SUBMIT
     decoded = decode_submit(frames)
     assert [d.request_id for d in decoded] == [7, 8, 9]
     assert [d.timeout_s for d in decoded] == [0.5, None, 2.0]
+    assert [d.client for d in decoded] == clients
+    bad_names = list(frames)
+    bad_names[7] = b"\xff" * len(bytes(frames[7]))
+    with pytest.raises(WireError, match="not UTF-8"):
+        decode_submit(bad_names)
+    bad_names[6] = np.asarray([1, 1, 1], np.int32).tobytes()
+    with pytest.raises(WireError, match="client names' lengths"):
+        decode_submit(bad_names)
     for d, rows in zip(decoded, requests, strict=True):
         assert len(d.rows) == len(rows)
         for got, sent in zip(d.rows, rows, strict=True):
@@ -257,3 +266,30 @@ def test_a_front_waiting_for_its_owner_fails_at_once_with_the_owners_reason(endp
             owner.stop(5.0)
     finally:
         client.stop()
+
+
+def test_the_client_name_crosses_to_the_owners_queue(endpoint):
+    gate = threading.Event()
+    owner = fake_owner(endpoint, gate)
+    owner.start()
+    client = OwnerClient(endpoint, WIDTH)
+    try:
+        client.start()
+        assert client.wait_connected(WAIT_S)
+        answers = Answers()
+        client.submit([np.arange(1, 9)], answers.respond_for(0), client="a")  # holds the engine
+        assert owner.scheduler.engine.wait_for_calls(1)
+        client.submit([np.arange(1, 9)] * 3, answers.respond_for(1), client="b")
+        client.submit([np.arange(1, 9)], answers.respond_for(2), client="a")
+        deadline = time.monotonic() + WAIT_S
+        while owner.scheduler.queued_rows < 4:
+            assert time.monotonic() < deadline, "the requests never reached the owner's queue"
+            time.sleep(0.01)
+        queue = owner.scheduler._queue
+        assert (queue.rows_of("a"), queue.rows_of("b"), queue.clients) == (1, 3, 2)
+        gate.set()
+        answers.wait(3)
+        assert all(isinstance(answers.outcomes[k], Answer) for k in range(3))
+    finally:
+        client.stop()
+        owner.stop(5.0)
