@@ -3,11 +3,12 @@
 Pure: items and their row counts in, items out; no threads, no tensors. The scheduler holds one
 under its lock.
 
-- **Service order.** Each step takes whole requests, visiting the clients in turn: a client's
-  deficit grows by ``quantum_rows`` each visit and pays for its requests, oldest first (deficit
-  round-robin, Shreedhar and Varghese 1995). With one client active everything is taken, as
-  before; with more, a step takes about ``step_rows`` rows, so a client that sends a row now
-  waits for one step of the others' rows, not for everything they queued.
+- **Service order.** Each step takes whole requests, one round over the clients waiting: a
+  client's deficit grows by ``quantum_rows`` at its visit and pays for its requests, oldest
+  first (deficit round-robin, Shreedhar and Varghese 1995). With one client waiting everything
+  is taken, as before; with more, a step takes one quantum of each (all of a client's rows if it
+  has fewer), so a client that sends a row now waits for one round of the others' rows, not for
+  everything they queued, and many light clients are still planned together in one step.
 - **Admission.** The queue holds ``max_rows`` rows. When it is full, a client over its share
   (``max_rows`` / active clients, itself counted) is refused, and only its own rows; a client
   under its share is admitted beyond the bound, by at most one share, so the rows queued never
@@ -37,10 +38,11 @@ class _Line(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, max_rows: int, quantum_rows: int, step_rows: int) -> None:
+    def __init__(self, max_rows: int, quantum_rows: int) -> None:
         self.max_rows = max_rows  # the bound on rows queued (a client under its share may pass it)
-        self.quantum_rows = quantum_rows  # rows a client's deficit grows by, each visit
-        self.step_rows = step_rows  # rows one step takes while more than one client waits
+        # rows a client's deficit grows by at each visit: at least a request's most rows, so that
+        # every visit takes at least one request
+        self.quantum_rows = quantum_rows
         self._lines: dict[str, _Line[T]] = {}  # active clients, in visiting order
         self._turn: deque[str] = deque()  # the visiting order; its head is visited next
         self.rows = 0  # rows queued, every client
@@ -93,8 +95,8 @@ class FairQueue(Generic[T]):
             self.rows += added
 
     def take(self) -> list[T]:
-        """One step's requests: everything while one client waits; else by deficit
-        round-robin, whole requests, until about ``step_rows`` rows are taken."""
+        """One step's requests: everything while one client waits; else one round of deficit
+        round-robin over the clients waiting, whole requests."""
         taken: list[T] = []
         if len(self._lines) == 1:
             (client,) = self._lines
@@ -102,17 +104,15 @@ class FairQueue(Generic[T]):
             self._drop(client)
             self.rows = 0
             return taken
-        budget = self.step_rows
-        while self._turn and budget > 0:
+        for _ in range(len(self._turn)):
             client = self._turn[0]
             line = self._lines[client]
             line.deficit += self.quantum_rows
-            while line.items and line.items[0][1] <= line.deficit and budget > 0:
+            while line.items and line.items[0][1] <= line.deficit:
                 item, rows = line.items.popleft()
                 line.deficit -= rows
                 line.rows -= rows
                 self.rows -= rows
-                budget -= rows
                 taken.append(item)
             if not line.items:
                 self._drop(client)

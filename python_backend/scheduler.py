@@ -240,9 +240,9 @@ class Scheduler:
         self.policy = policy_named(policy) if isinstance(policy, str) else policy
         self.metrics = metrics or SchedulerMetrics()
         self.clock = clock
-        # shared between clients: whole requests, a step's share each by deficit round-robin
+        # shared between clients: whole requests, one round of deficit round-robin a step
         self._queue: FairQueue[Admitted] = FairQueue(
-            max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST, step_rows=self.layout.max_batch
+            max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST
         )
         self._wake_at: float | None = None  # a waiting policy's next planning time
         self._cond = threading.Condition()

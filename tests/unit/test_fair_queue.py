@@ -7,8 +7,8 @@ import random
 from python_backend.fair_queue import FairQueue
 
 
-def queue(max_rows: int = 128, step_rows: int = 64) -> FairQueue[str]:
-    return FairQueue(max_rows, quantum_rows=64, step_rows=step_rows)
+def queue(max_rows: int = 128) -> FairQueue[str]:
+    return FairQueue(max_rows, quantum_rows=64)
 
 
 def test_one_client_gets_everything_at_once_in_order():
@@ -19,24 +19,33 @@ def test_one_client_gets_everything_at_once_in_order():
     assert len(q) == 0 and q.clients == 0 and q.take() == []
 
 
-def test_a_light_client_waits_one_step_of_the_heavy_clients_rows_not_all_of_them():
+def test_a_light_client_waits_one_round_of_the_heavy_clients_rows_not_all_of_them():
     q = queue(max_rows=4096)
     for i in range(32):
         q.push("heavy", f"h{i}", 64)
     q.push("light", "l0", 1)
-    first, second = q.take(), q.take()
-    assert first == ["h0"]  # one step's worth: 64 rows
-    assert "l0" in second
-    assert len(q) == 64 * 32 - 64 * (len(first) + len(second) - 1)
+    assert q.take() == ["h0", "l0"]  # one round: a quantum of each
+    assert len(q) == 64 * 31 and q.clients == 1
+    assert q.take() == [f"h{i}" for i in range(1, 32)]  # alone again: everything
+
+
+def test_many_light_clients_are_taken_together_in_one_step():
+    q = queue(max_rows=4096)
+    for i in range(200):
+        q.push(f"c{i}", f"r{i}", 1)
+    q.push("heavy", "h0", 64)
+    q.push("heavy", "h1", 64)
+    taken = q.take()
+    assert len(taken) == 201 and "h1" not in taken
 
 
 def test_two_busy_clients_share_the_steps_by_rows():
-    q = queue(max_rows=10_000, step_rows=128)
+    q = queue(max_rows=10_000)
     for i in range(100):
         q.push("big", f"b{i}", 64)
         q.push("small", f"s{i}", 8)
     served = {"big": 0, "small": 0}
-    for _ in range(10):  # both still waiting: small's 800 rows last 12 steps of 64
+    for _ in range(10):  # both still waiting: small's 800 rows last 12 rounds of 64
         for item in q.take():
             served["big" if item[0] == "b" else "small"] += 64 if item[0] == "b" else 8
     # each client's deficit grows by 64 rows a turn: they get the same rows, within one request
@@ -75,10 +84,10 @@ def test_rows_a_step_returns_go_back_ahead_of_their_clients_lines():
     q.push("a", "a1", 64)
     q.push("b", "b0", 64)
     taken = q.take()
-    assert taken == ["a0"]
+    assert taken == ["a0", "b0"]
     q.push_front([("a", "a0", 64)])
-    assert q.rows_of("a") == 128 and len(q) == 192
-    rest = q.take() + q.take() + q.take()
+    assert q.rows_of("a") == 128 and len(q) == 128
+    rest = q.take() + q.take()
     assert rest.index("a0") < rest.index("a1")
 
 
@@ -89,8 +98,6 @@ def test_a_client_that_empties_keeps_no_credit():
     q.take()  # a spends 1 of its 64: the rest would be credit for later
     assert q.rows_of("a") == 0 and q.clients <= 1
     q.push("a", "a1", 64)
-    q.push("a", "a2", 64)
+    q.push("a", "a2", 60)  # 63 rows of saved credit would pay for it in the same round
     q.push("b", "b1", 64)
-    q.push("b", "b2", 64)
-    first = q.take()
-    assert len(first) == 1  # a fresh start: one 64-row request a turn, nothing saved up
+    assert q.take() == ["a1", "b1"]

@@ -359,29 +359,30 @@ def test_stop_reports_success_when_everything_ended():
 
 def test_a_light_client_is_served_in_the_next_step_past_a_heavy_clients_full_queue():
     """A heavy client fills the queue with 8-row requests; a light client's one row is still
-    admitted (it is under its share) and runs in the first or second step, not after all of
-    the heavy client's rows; the heavy client's next request is refused, the light one's not."""
+    admitted (it is under its share) and runs in the first step, beside one round's quantum of
+    the heavy client's rows, not after all of them; the heavy client's next request is
+    refused, the light one's not."""
     engine = FakeChecksumEngine(layout(max_rows=8))
-    scheduler = scheduler_for(engine, overhead=64, max_queue_rows=64)
+    scheduler = scheduler_for(engine, overhead=64, max_queue_rows=256)
     answers = Answers()
     rng = np.random.default_rng(3)
-    heavy = [make_rows(rng, 8) for _ in range(8)]
+    heavy = [make_rows(rng, 8) for _ in range(32)]
     for i, rows in enumerate(heavy):
         scheduler.submit(Request(rows, answers.responder(i), client="heavy"))
     light_rows = make_rows(rng, 1)
     scheduler.submit(Request(light_rows, answers.responder(200), client="light"))
     scheduler.submit(Request(make_rows(rng, 8), answers.responder(100), client="heavy"))
     refused = answers.by_request[100][2]
-    assert refused.kind is ErrorKind.QUEUE_FULL and "its share of 2 clients is 32" in str(refused)
+    assert refused.kind is ErrorKind.QUEUE_FULL and "its share of 2 clients is 128" in str(refused)
     assert 200 not in answers.by_request  # admitted past the bound: it was under its share
     steps = 0
     while 200 not in answers.by_request:
         scheduler.step()
         steps += 1
-    assert steps <= 2
-    assert sum(1 for i in range(8) if i in answers.by_request) <= 2  # most heavy rows still wait
+    assert steps == 1
+    assert sum(1 for i in range(32) if i in answers.by_request) == 8  # one quantum: 64 rows
     assert_answer_matches(answers.by_request[200], light_rows)
-    while len(answers.by_request) < 10:
+    while len(answers.by_request) < 34:
         scheduler.step()
     for i, rows in enumerate(heavy):
         assert_answer_matches(answers.by_request[i], rows)
