@@ -65,6 +65,48 @@ def check_api_key(key: str, name: str = "API_KEY") -> str:
         raise FrontDoorError(str(err)) from None
 
 
+CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# the keys map's values (docker/nginx/10-api-keys.sh writes the same): a client's name, or
+SHARED_KEY = "-"  # API_KEY's clients: named by their address, as without a key
+NO_KEY = "!"  # keys are required and none matched
+
+
+def read_api_keys(path: Path) -> dict[str, str]:
+    """``API_KEYS``: a file of ``name key`` lines (blank lines and ``#`` comments skipped), as
+    key -> name; a bad line, a name or key twice, is a FrontDoorError naming its line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise FrontDoorError(f"API_KEYS: cannot read {path}: {err.strerror}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        where = f"API_KEYS ({path}) line {number}"
+        if len(words) != 2:
+            raise FrontDoorError(f"{where}: write `name key`, two words")
+        name, key = words
+        if not CLIENT_NAME_PATTERN.fullmatch(name) or name in (SHARED_KEY, NO_KEY):
+            raise FrontDoorError(f"{where}: a name is 1 to 64 characters of A-Z a-z 0-9 . _ -")
+        if not API_KEY_PATTERN.fullmatch(key):
+            raise FrontDoorError(f"{where}: a key is {API_KEY_RULE}")
+        if key in keys or name in keys.values():
+            raise FrontDoorError(f"{where}: {'key' if key in keys else 'name'} given twice")
+        keys[key] = name
+    return keys
+
+
+def keys_map(api_key: str, named: dict[str, str]) -> str:
+    """The body of the front door's map from Authorization to the client's name: each key
+    compared exactly (a case-sensitive regular expression, the key quoted literally; the scheme
+    in any case, as HTTP says), then the default."""
+    entries = ([(api_key, SHARED_KEY)] if api_key else []) + list(named.items())
+    lines = [f'"~^(?i:bearer) \\Q{key}\\E$" "{name}";' for key, name in entries]
+    lines.append(f'default "{NO_KEY if entries else ""}";')
+    return "\n".join(lines) + "\n"
+
+
 def random_key() -> str:
     return secrets.token_hex(32)
 
@@ -120,6 +162,8 @@ class FrontDoorSettings:
     # metrics on the public address instead of loopback
     metrics_public: bool = field(default=False, metadata=from_env("METRICS_PUBLIC", parse_bool))
     api_key: str = field(default="", metadata=from_env("API_KEY", parse_api_key))  # "": no key
+    # a file of `name key` lines: each key's clients named (the queue's shares), "" for none
+    api_keys_file: str = field(default="", metadata=from_env("API_KEYS", text))
     # nginx size syntax
     max_body_size: str = field(default="8m", metadata=from_env("MAX_BODY_SIZE", parse_size))
     # per header line; 4 such buffers bound all headers
@@ -151,7 +195,15 @@ class FrontDoorSettings:
         except BadValue as err:
             raise FrontDoorError(str(err)) from None
 
-    def template_values(self) -> dict[str, str]:
+    def named_keys(self) -> dict[str, str]:
+        """API_KEYS read: key -> client name."""
+        named = read_api_keys(Path(self.api_keys_file)) if self.api_keys_file else {}
+        if self.api_key and self.api_key in named:
+            raise FrontDoorError("API_KEY is also in API_KEYS: give each key once")
+        return named
+
+    def template_values(self, keys_path: str = "keys.map") -> dict[str, str]:
+        """The template's values; ``keys_path``: where the keys map (``keys_map``) is written."""
         metrics_host = self.public_address if self.metrics_public else "127.0.0.1"
         return {
             "TRITON_HTTP_ADDRESS": self.triton_http_address,
@@ -163,7 +215,7 @@ class FrontDoorSettings:
             "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
             "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",
             "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",
-            "API_KEY": self.api_key,
+            "FRONT_DOOR_KEYS": keys_path,
             "MAX_BODY_SIZE": self.max_body_size,
             "MAX_HEADER_SIZE": self.max_header_size,
             "CLIENT_TIMEOUT_S": str(self.client_timeout_s),
@@ -250,7 +302,10 @@ class FrontDoor:
     def write_config(self) -> Path:
         self.prefix.mkdir(parents=True, exist_ok=True)
         rendered = self.prefix / "front-door.conf"
-        values = self.settings.template_values()
+        keys = self.prefix / "keys.map"
+        keys.write_text(keys_map(self.settings.api_key, self.settings.named_keys()))
+        keys.chmod(0o600)
+        values = self.settings.template_values(str(keys))
         rendered.write_text(render_template(TEMPLATE.read_text(), values))
         self.config_path.write_text(main_config(self.prefix, rendered, self.make_temp_dir()))
         return self.config_path

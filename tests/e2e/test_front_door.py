@@ -7,6 +7,7 @@ valid request whose answer is checked against the model run on that row alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 import urllib.error
@@ -494,3 +495,36 @@ def test_a_body_parameter_naming_the_client_is_refused_at_the_door(stack, still_
     )
     answer = exchange(stack.http_port, request_bytes(body))
     assert status_of(answer) == 400 and b"set by the front door" in answer
+
+
+CLOSE = b"Connection: close\r\n"  # the answer ends the exchange
+
+
+def test_a_full_queue_refuses_the_client_over_its_share_and_serves_another(stack, still_serving):
+    """minilm_small_queue holds 8 rows. One client (127.0.0.1) sends six 8-row requests of long
+    rows at once: one runs, one waits in the queue, the others are refused (queue full, one
+    client). A second client (127.0.0.2, another address: another name at the door) then sends
+    one row while the queue is still full: it is under its share (8 / 2), so it is admitted
+    and answered, not refused as it would be with one queue for everyone."""
+    long_text = "the planner groups rows by their padded length " * 30
+    heavy_body = json.dumps(
+        {
+            "inputs": [
+                {"name": "TEXT", "datatype": "BYTES", "shape": [8, 1], "data": [long_text] * 8}
+            ]
+        }
+    ).encode()
+    path = "/v2/models/minilm_small_queue/infer"
+    with ThreadPoolExecutor(6) as pool:
+        heavy = [
+            pool.submit(exchange, stack.http_port, request_bytes(heavy_body, path, CLOSE), 60.0)
+            for _ in range(6)
+        ]
+        time.sleep(0.3)  # the heavy client's requests have arrived: one runs, one queues
+        light = exchange(stack.http_port, request_bytes(path=path), wait_s=60.0, source="127.0.0.2")
+        heavy_answers = [f.result() for f in heavy]
+    assert status_of(light) == 200, light[-300:]
+    statuses = sorted(status_of(a) for a in heavy_answers)
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
+    refused = next(a for a in heavy_answers if status_of(a) == 503)
+    assert b"queue full" in refused

@@ -97,7 +97,8 @@ def test_the_front_door_renders_the_template_make_serve_renders(compose):
     assert Path(template).resolve() == TEMPLATE
     # the image's envsubst replaces only names set in its environment: every one must be
     named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
-    assert named == set(door["environment"])
+    # the keys map's script reads the keys; the template reads the rest
+    assert named == set(door["environment"]) - {"API_KEY", "API_KEYS"}
     example = FrontDoorSettings(*(f"t:{n}" for n in range(6))).template_values()
     assert named == set(example)
 
@@ -205,9 +206,70 @@ def test_the_defaults_compose_restates_are_the_declared_ones():
         assert restated[name] == declared[name]
 
 
-def test_the_nginx_entrypoint_check_applies_the_declared_key_rule():
-    from tools.front_door import API_KEY_PATTERN
+SCRIPT = ROOT / "docker" / "nginx" / "10-api-keys.sh"
 
-    script = (ROOT / "docker" / "nginx" / "10-check-api-key.sh").read_text()
-    (pattern,) = re.findall(r"grep -Eq '\^(.+)\$'", script)
-    assert pattern == API_KEY_PATTERN.pattern
+
+def test_the_nginx_entrypoint_applies_the_declared_key_and_name_rules():
+    from tools.front_door import API_KEY_PATTERN, CLIENT_NAME_PATTERN
+
+    script = SCRIPT.read_text()
+    assert f"key_rule='^{API_KEY_PATTERN.pattern}$'" in script
+    assert f"name_rule='^{CLIENT_NAME_PATTERN.pattern}$'" in script
+
+
+def run_script(tmp_path, env: dict[str, str]) -> tuple[int, str, str]:
+    import subprocess
+
+    out = tmp_path / "keys.map"
+    result = subprocess.run(
+        ["sh", str(SCRIPT)],
+        env={"PATH": "/usr/bin:/bin", "FRONT_DOOR_KEYS": str(out), **env},
+        capture_output=True,
+        text=True,
+    )
+    return result.returncode, out.read_text() if out.exists() else "", result.stderr
+
+
+KEY_A, KEY_B = "a" * 16 + "0123", "B/+=" * 5
+
+
+@pytest.mark.parametrize(
+    ("api_key", "lines"),
+    [
+        ("", []),
+        (KEY_A, []),
+        ("", [f"team-a {KEY_A}", "", "# a comment", f"  team.b   {KEY_B}  "]),
+        (KEY_B, [f"team-a {KEY_A}"]),
+    ],
+    ids=["no keys", "one shared key", "named keys", "both"],
+)
+def test_the_image_writes_the_keys_map_make_serve_writes(tmp_path, api_key, lines):
+    from tools.front_door import keys_map, read_api_keys
+
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text("\n".join(lines) + ("\n" if lines else ""))
+    code, written, err = run_script(tmp_path, {"API_KEY": api_key, "API_KEYS": str(keys_file)})
+    assert code == 0, err
+    assert written == keys_map(api_key, read_api_keys(keys_file))
+
+
+@pytest.mark.parametrize(
+    ("lines", "words"),
+    [
+        ([f"team-a {KEY_A} extra"], "two words"),
+        ([f"bad/name {KEY_A}"], "a name is"),
+        (["team-a short"], "a key is"),
+        ([f"team-a {KEY_A}", f"team-b {KEY_A}"], "key given twice"),
+        ([f"team-a {KEY_A}", f"team-a {KEY_B}"], "name given twice"),
+    ],
+)
+def test_both_refuse_a_bad_keys_file_naming_the_line(tmp_path, lines, words):
+    from tools.front_door import FrontDoorError, read_api_keys
+
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text("\n".join(lines) + "\n")
+    code, _, err = run_script(tmp_path, {"API_KEYS": str(keys_file)})
+    assert code != 0 and words in err and f"line {len(lines)}" in err
+    with pytest.raises(FrontDoorError, match=words) as info:
+        read_api_keys(keys_file)
+    assert f"line {len(lines)}" in str(info.value)

@@ -134,7 +134,8 @@ def test_the_front_door_renders_the_template_every_deployment_renders():
     door = containers(pod_spec())["front-door"]
     named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
     # every name the template uses is set; NVIDIA_VISIBLE_DEVICES is the runtime's, not nginx's
-    assert named == {e["name"] for e in door["env"]} - {"NVIDIA_VISIBLE_DEVICES"}
+    # (the keys map's script reads API_KEY)
+    assert named == {e["name"] for e in door["env"]} - {"NVIDIA_VISIBLE_DEVICES", "API_KEY"}
     mounts = {m["mountPath"]: m["name"] for m in door["volumeMounts"]}
     copy = " ".join(containers(pod_spec(), init=True)["front-door-files"]["args"])
     assert f"/app/{TEMPLATE.relative_to(ROOT)}" in copy
