@@ -8,7 +8,9 @@ under its lock.
   first (deficit round-robin, Shreedhar and Varghese 1995). With one client waiting everything
   is taken, as before; with more, a step takes one quantum of each (all of a client's rows if it
   has fewer), so a client that sends a row now waits for one round of the others' rows, not for
-  everything they queued, and many light clients are still planned together in one step.
+  everything they queued, and many light clients are still planned together in one step. A
+  step already running when a new client arrives is cut short by the scheduler after its
+  current forward (``has_client_besides``), its rows queued again.
 - **Admission.** The queue holds ``max_rows`` rows. When it is full, a client over its share
   (``max_rows`` / active clients, itself counted) is refused, and only its own rows; a client
   under its share is admitted beyond the bound, by at most one share, so the rows queued never
@@ -54,6 +56,10 @@ class FairQueue(Generic[T]):
     def clients(self) -> int:
         """Clients with rows queued."""
         return len(self._lines)
+
+    def has_client_besides(self, clients: set[str]) -> bool:
+        """Whether a client outside ``clients`` has rows queued (a newcomer to a step)."""
+        return any(client not in clients for client in self._lines)
 
     def rows_of(self, client: str) -> int:
         line = self._lines.get(client)

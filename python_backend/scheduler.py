@@ -99,9 +99,20 @@ class Admitted:
     outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
     remaining: int = 0  # rows still to compute
     done: bool = False  # answered (either way)
+    # row i computed: 1; None while none is (a step cut short queues the rest again)
+    computed: bytearray | None = None
 
     def __post_init__(self) -> None:
         self.remaining = len(self.request.rows)
+
+    def pending_rows(self) -> int:
+        return self.remaining
+
+    def rows_to_run(self) -> range | list[int]:
+        """Indices of the rows not computed yet."""
+        if self.computed is None:
+            return range(len(self.request.rows))
+        return [i for i, done in enumerate(self.computed) if not done]
 
     def claim(self) -> bool:
         """Marks the request answered; False if it already was (the one answer is sent once).
@@ -293,7 +304,7 @@ class Scheduler:
 
     def take(self) -> list[Admitted]:
         """One step's requests, oldest first: everything queued while one client waits, else
-        each client's share (fair_queue)."""
+        one round of the clients' shares (fair_queue)."""
         with self._cond:
             collection = self._queue.take()
             self._wake_at = None
@@ -310,8 +321,15 @@ class Scheduler:
             return []
         try:
             forwards = self.plan(self.admit(collection), self.clock() if now is None else now)
-            for forward in forwards:
+            clients = {owner.request.client for owner in collection}
+            for k, forward in enumerate(forwards):
                 self.run(forward)
+                if k + 1 < len(forwards) and self._newcomer(clients):
+                    # a client with nothing in this step arrived: the rest waits for the next
+                    # step, where the queue's shares include it, after this forward, not after
+                    # every forward this step planned
+                    self._requeue_forwards(forwards[k + 1 :])
+                    return forwards[: k + 1]
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             for owner in collection:
@@ -328,7 +346,9 @@ class Scheduler:
         """The policy's forwards for these requests, oldest first; rows it leaves waiting are
         queued again, ahead of anything that arrived meanwhile."""
         rows = [
-            RowRef(owner, i, len(ids)) for owner in live for i, ids in enumerate(owner.request.rows)
+            RowRef(owner, i, len(owner.request.rows[i]))
+            for owner in live
+            for i in owner.rows_to_run()
         ]
         if not rows:
             return []
@@ -374,7 +394,10 @@ class Scheduler:
                 continue
             if owner.outputs is None:
                 owner.outputs = np.empty((len(owner.request.rows), width), np.float32)
+                owner.computed = bytearray(len(owner.request.rows))
+            assert owner.computed is not None
             owner.outputs[row.index] = values
+            owner.computed[row.index] = 1
             owner.remaining -= 1
             if owner.remaining == 0:
                 tokens = np.fromiter(map(len, owner.request.rows), np.int32)
@@ -536,8 +559,25 @@ class Scheduler:
             owners.setdefault(id(rows[i].owner), rows[i].owner)
         back = sorted(owners.values(), key=lambda o: o.arrival)
         with self._cond:
-            self._queue.push_front((o.request.client, o, len(o.request.rows)) for o in back)
+            self._queue.push_front((o.request.client, o, o.pending_rows()) for o in back)
             self._wake_at = wake_at
+
+    def _newcomer(self, clients: set[str]) -> bool:
+        with self._cond:
+            return self._queue.has_client_besides(clients)
+
+    def _requeue_forwards(self, forwards: list[Forward]) -> None:
+        """The requests with rows in ``forwards`` back at the head of their clients' lines; the
+        rows they had computed stay computed (``Admitted.computed``)."""
+        owners: dict[int, Admitted] = {}
+        for forward in forwards:
+            for row in forward.rows:
+                owners.setdefault(id(row.owner), row.owner)
+        back = sorted((o for o in owners.values() if not o.done), key=lambda o: o.arrival)
+        with self._cond:
+            self._queue.push_front((o.request.client, o, o.pending_rows()) for o in back)
+            self.metrics.queue_depth(len(self._queue))
+            self._cond.notify()
 
     def _split_and_retry(self, forward: Forward, err: Exception) -> None:
         if len(forward.rows) == 1:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -385,4 +386,50 @@ def test_a_light_client_is_served_in_the_next_step_past_a_heavy_clients_full_que
     while len(answers.by_request) < 34:
         scheduler.step()
     for i, rows in enumerate(heavy):
+        assert_answer_matches(answers.by_request[i], rows)
+
+
+def test_a_step_running_one_clients_backlog_gives_way_to_a_newcomer_after_one_forward():
+    """One client queues 32 requests of 8 rows while a forward runs: the next step takes them
+    all (one client) and plans about 40 forwards. A second client's row arriving during that
+    step is answered after the forward then running and one round of shares, not after all of
+    them; the first client's requests, some cut across steps, are each answered once with all
+    their rows."""
+    gate = threading.Event()
+
+    class SlowEngine(FakeChecksumEngine):
+        def run(self, input_ids, attention_mask):
+            time.sleep(0.02)  # forwards take time: the backlog takes about 0.8 s
+            return super().run(input_ids, attention_mask)
+
+    engine = SlowEngine(layout(max_rows=8), gate=gate)
+    scheduler = scheduler_for(engine, overhead=64)
+    answers = Answers()
+    rng = np.random.default_rng(5)
+    heavy = {i: make_rows(rng, 8) for i in range(32)}
+    calls_when_light_answered = []
+    light_rows = make_rows(rng, 1)
+
+    def light_respond(outcome):
+        calls_when_light_answered.append(len(engine.calls))
+        answers.responder(100)(outcome)
+
+    scheduler.start()
+    try:
+        scheduler.submit(Request(make_rows(rng, 1), answers.responder(99), client="heavy"))
+        assert engine.wait_for_calls(1)  # held at the gate: the heavy backlog queues behind it
+        for i, rows in heavy.items():
+            scheduler.submit(Request(rows, answers.responder(i), client="heavy"))
+        gate.set()
+        assert engine.wait_for_calls(3)
+        scheduler.submit(Request(light_rows, light_respond, client="light"))
+        assert answers.wait_for(34, timeout_s=10)
+    finally:
+        scheduler.stop()
+    planned = len(engine.calls)
+    # after the forward running when it came, and one round of the heavy client's quantum (64
+    # rows: about 8 forwards of this layout's 8 rows); not after the 40 of the backlog
+    assert calls_when_light_answered and calls_when_light_answered[0] <= 3 + 1 + 12 < planned
+    assert_answer_matches(answers.by_request[100], light_rows)
+    for i, rows in heavy.items():
         assert_answer_matches(answers.by_request[i], rows)
