@@ -116,7 +116,11 @@ async def phase(url: str, rows: list[np.ndarray], light_name: str | None, second
         await asyncio.sleep(2.0)  # the queue fills first
     latencies, refused = await light_loop(url, rows[0], light_name or "light", seconds)
     stop.set()
-    await asyncio.gather(*heavy)
+    for task in heavy:  # cancelled calls reach the model, which drops their rows unrun
+        task.cancel()
+    await asyncio.gather(*heavy, return_exceptions=True)
+    if heavy:
+        await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
     return latencies, refused
 
 

@@ -33,6 +33,7 @@ import itertools
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -343,8 +344,9 @@ class Scheduler:
         return [owner for owner in collection if self._still_wanted(owner)]
 
     def plan(self, live: list[Admitted], now: float) -> list[Forward]:
-        """The policy's forwards for these requests, oldest first; rows it leaves waiting are
-        queued again, ahead of anything that arrived meanwhile."""
+        """The policy's forwards for these requests, oldest first (with clients sharing the
+        step, those of its lightest clients first); rows it leaves waiting are queued again,
+        ahead of anything that arrived meanwhile."""
         rows = [
             RowRef(owner, i, len(owner.request.rows[i]))
             for owner in live
@@ -357,9 +359,19 @@ class Scheduler:
         self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
             self._requeue(rows, decision.waiting, decision.wake_at)
+        forwards = [self._forward(t, [rows[i] for i in members]) for t, members in decision.groups]
+        per_client = Counter(r.owner.request.client for r in rows)
+        if len(per_client) == 1:
+            return sorted(forwards, key=lambda f: (f.oldest_arrival, f.rows[0].index))
+        # clients sharing the step: a forward holding a row of a client with few rows in it runs
+        # first (a light client's row waits for no heavy one's rows); then oldest first
         return sorted(
-            (self._forward(t, [rows[i] for i in members]) for t, members in decision.groups),
-            key=lambda f: (f.oldest_arrival, f.rows[0].index),
+            forwards,
+            key=lambda f: (
+                min(per_client[r.owner.request.client] for r in f.rows),
+                f.oldest_arrival,
+                f.rows[0].index,
+            ),
         )
 
     def run(self, forward: Forward) -> None:

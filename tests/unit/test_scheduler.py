@@ -433,3 +433,15 @@ def test_a_step_running_one_clients_backlog_gives_way_to_a_newcomer_after_one_fo
     assert_answer_matches(answers.by_request[100], light_rows)
     for i, rows in heavy.items():
         assert_answer_matches(answers.by_request[i], rows)
+
+
+def test_with_clients_sharing_a_step_the_lightest_clients_forward_runs_first():
+    engine = FakeChecksumEngine(layout(max_rows=8))
+    scheduler = scheduler_for(engine, overhead=0)
+    order = []
+    rng = np.random.default_rng(9)
+    for i in range(4):  # the heavy client's 32 rows, older, of every length
+        scheduler.submit(Request(make_rows(rng, 8), lambda o, k=i: order.append(k), client="h"))
+    scheduler.submit(Request([np.arange(1, 40)], lambda o: order.append("light"), client="l"))
+    scheduler.step()
+    assert order[0] == "light" and sorted(map(str, order[1:])) == ["0", "1", "2", "3"]
