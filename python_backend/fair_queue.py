@@ -9,8 +9,8 @@ under its lock.
   is taken, as before; with more, a step takes one quantum of each (all of a client's rows if it
   has fewer), so a client that sends a row now waits for one round of the others' rows, not for
   everything they queued, and many light clients are still planned together in one step. A
-  step already running when a new client arrives is cut short by the scheduler after its
-  current forward (``has_client_besides``), its rows queued again.
+  step running when a client with no rows left in it sends more is cut short by the scheduler
+  after its current forward (``has_client_besides``), the rest of its rows queued again.
 - **Admission.** The queue holds ``max_rows`` rows. When it is full, a client over its share
   (``max_rows`` / active clients, itself counted) is refused, and only its own rows; a client
   under its share is admitted beyond the bound, by at most one share, so the rows queued never
@@ -57,7 +57,7 @@ class FairQueue(Generic[T]):
         """Clients with rows queued."""
         return len(self._lines)
 
-    def has_client_besides(self, clients: set[str]) -> bool:
+    def has_client_besides(self, clients: frozenset[str]) -> bool:
         """Whether a client outside ``clients`` has rows queued (a newcomer to a step)."""
         return any(client not in clients for client in self._lines)
 

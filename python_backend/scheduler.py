@@ -232,6 +232,17 @@ class _BudgetLayout:
         return self.base.mergeable(num_tokens)
 
 
+def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
+    """For each forward, the clients with rows in the forwards after it."""
+    later: list[frozenset[str]] = []
+    seen: set[str] = set()
+    for forward in reversed(forwards):
+        later.append(frozenset(seen))
+        seen.update(row.owner.request.client for row in forward.rows)
+    later.reverse()
+    return later
+
+
 class Scheduler:
     def __init__(
         self,
@@ -322,13 +333,13 @@ class Scheduler:
             return []
         try:
             forwards = self.plan(self.admit(collection), self.clock() if now is None else now)
-            clients = {owner.request.client for owner in collection}
+            later = clients_after_each(forwards)
             for k, forward in enumerate(forwards):
                 self.run(forward)
-                if k + 1 < len(forwards) and self._newcomer(clients):
-                    # a client with nothing in this step arrived: the rest waits for the next
-                    # step, where the queue's shares include it, after this forward, not after
-                    # every forward this step planned
+                if k + 1 < len(forwards) and self._newcomer(later[k]):
+                    # a client with no rows left in this step sent more: the rest waits for the
+                    # next step, where the queue's shares include it, after this forward, not
+                    # after every forward this step planned
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]
             return forwards
@@ -574,7 +585,7 @@ class Scheduler:
             self._queue.push_front((o.request.client, o, o.pending_rows()) for o in back)
             self._wake_at = wake_at
 
-    def _newcomer(self, clients: set[str]) -> bool:
+    def _newcomer(self, clients: frozenset[str]) -> bool:
         with self._cond:
             return self._queue.has_client_besides(clients)
 
