@@ -27,7 +27,7 @@ import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from bench.docs import render, write_section
+from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import build_repository, start_body_check
 from bench.paths import ROOT
@@ -201,10 +201,7 @@ def main() -> int:
         table="\n".join(table),
         measured=time.strftime("%Y-%m-%d"),
     )
-    print(text)
-    if not args.no_write:
-        write_section(text, BEGIN, END)
-    return 0
+    return publish(text, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,12 @@ def write_section(section: str, begin: str, end: str, doc: Path = DOC) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.write_text(text)
+
+
+def publish(section: str, begin: str, end: str, write: bool) -> int:
+    """Prints a benchmark's report and, unless told not to (``--no-write``), writes it into
+    docs/PERFORMANCE.md between its markers; the exit code of a bench that got this far."""
+    print(section)
+    if write:
+        write_section(section, begin, end)
+    return 0

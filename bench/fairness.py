@@ -32,7 +32,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from bench.cost_tables import cost_table
-from bench.docs import render, write_section
+from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import add_emulated_variant, build_repository, request_rows
 from bench.paths import ROOT
@@ -202,10 +202,7 @@ def main() -> int:
         one_refused=one.refused,
         verdict="within" if shared.percentile(99) <= bound else "over",
     )
-    print(text)
-    if not args.no_write:
-        write_section(text, BEGIN, END)
-    return 0
+    return publish(text, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.docs import render, write_section
+from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import OPENAI_MODEL as MODEL
 from bench.harness import (
@@ -179,10 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     runs = run(levels, args.seconds, args.rounds)
     text = report(runs, args.seconds, args.rounds)
-    print(text)
-    if not args.no_write:
-        write_section(text, BEGIN, END)
-    return 0
+    return publish(text, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from bench.docs import render, write_section
+from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import (
     OPENAI_MODEL,
@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             warm_up(server, Path(tmp), (MODEL,), args.concurrency)
             runs = openai_comparison(server, Path(tmp), args.seconds, args.rounds, args.concurrency)
     text = report(runs, args.concurrency, args.seconds)
-    print(text)
-    if not args.no_write:
-        write_section(text, BEGIN, END)
-    return 0
+    return publish(text, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from python_backend.owner_wire import (
     encode_answers,
     encode_submit,
 )
-from python_backend.queue_owner import owner_endpoint
+from python_backend.queue_owner import QueueOwner, owner_endpoint
 from python_backend.scheduler import Answer
 from testkit.fake_engine import FakeChecksumEngine
 from testkit.owner_process import fake_owner
@@ -213,11 +213,17 @@ def test_no_owner_then_a_killed_owner_then_a_new_one(endpoint):
             owner.wait(10)
 
 
-def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(endpoint):
+def gated(endpoint, **kw) -> tuple[threading.Event, QueueOwner, OwnerClient]:
+    """An owner whose engine waits at a gate, and a front's client, started."""
     gate = threading.Event()
-    owner = fake_owner(endpoint, gate, front_silent_s=0.3)
+    owner = fake_owner(endpoint, gate, **kw)
     owner.start()
     client = OwnerClient(endpoint, WIDTH)
+    return gate, owner, client
+
+
+def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(endpoint):
+    gate, owner, client = gated(endpoint, front_silent_s=0.3)
     try:
         client.start()
         assert client.wait_connected(WAIT_S)
@@ -269,10 +275,7 @@ def test_a_front_waiting_for_its_owner_fails_at_once_with_the_owners_reason(endp
 
 
 def test_the_client_name_crosses_to_the_owners_queue(endpoint):
-    gate = threading.Event()
-    owner = fake_owner(endpoint, gate)
-    owner.start()
-    client = OwnerClient(endpoint, WIDTH)
+    gate, owner, client = gated(endpoint)
     try:
         client.start()
         assert client.wait_connected(WAIT_S)
