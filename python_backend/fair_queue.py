@@ -45,7 +45,7 @@ class FairQueue(Generic[T]):
         # rows a client's deficit grows by at each visit: at least a request's most rows, so that
         # every visit takes at least one request
         self.quantum_rows = quantum_rows
-        self._lines: dict[str, _Line[T]] = {}  # active clients, in visiting order
+        self._lines: dict[str, _Line[T]] = {}  # the clients with rows queued
         self._turn: deque[str] = deque()  # the visiting order; its head is visited next
         self.rows = 0  # rows queued, every client
 

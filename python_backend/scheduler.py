@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,9 +105,6 @@ class Admitted:
 
     def __post_init__(self) -> None:
         self.remaining = len(self.request.rows)
-
-    def pending_rows(self) -> int:
-        return self.remaining
 
     def rows_to_run(self) -> range | list[int]:
         """Indices of the rows not computed yet."""
@@ -371,15 +368,16 @@ class Scheduler:
         if decision.waiting:
             self._requeue(rows, decision.waiting, decision.wake_at)
         forwards = [self._forward(t, [rows[i] for i in members]) for t, members in decision.groups]
-        per_client = Counter(r.owner.request.client for r in rows)
-        if len(per_client) == 1:
-            return sorted(forwards, key=lambda f: (f.oldest_arrival, f.rows[0].index))
         # clients sharing the step: a forward holding a row of a client with few rows in it runs
         # first (a light client's row waits for no heavy one's rows); then oldest first
+        per_client: Counter[str] = Counter()
+        for owner in live:
+            per_client[owner.request.client] += owner.remaining
+        shared = len(per_client) > 1
         return sorted(
             forwards,
             key=lambda f: (
-                min(per_client[r.owner.request.client] for r in f.rows),
+                min(per_client[r.owner.request.client] for r in f.rows) if shared else 0,
                 f.oldest_arrival,
                 f.rows[0].index,
             ),
@@ -577,28 +575,25 @@ class Scheduler:
         self.metrics.plan(plan_cost(groups, self.cost), baseline)
 
     def _requeue(self, rows: list[RowRef], waiting: list[int], wake_at: float | None) -> None:
-        owners: dict[int, Admitted] = {}
-        for i in waiting:
-            owners.setdefault(id(rows[i].owner), rows[i].owner)
-        back = sorted(owners.values(), key=lambda o: o.arrival)
         with self._cond:
-            self._queue.push_front((o.request.client, o, o.pending_rows()) for o in back)
+            self._queue_again(rows[i].owner for i in waiting)
             self._wake_at = wake_at
+
+    def _queue_again(self, owners: Iterable[Admitted]) -> None:
+        """Requests a step took and did not finish, oldest first, back at the head of their
+        clients' lines with the rows they have left (``Admitted.computed``); under the lock."""
+        unique = {id(o): o for o in owners if not o.done}
+        back = sorted(unique.values(), key=lambda o: o.arrival)
+        self._queue.push_front((o.request.client, o, o.remaining) for o in back)
 
     def _newcomer(self, clients: frozenset[str]) -> bool:
         with self._cond:
             return self._queue.has_client_besides(clients)
 
     def _requeue_forwards(self, forwards: list[Forward]) -> None:
-        """The requests with rows in ``forwards`` back at the head of their clients' lines; the
-        rows they had computed stay computed (``Admitted.computed``)."""
-        owners: dict[int, Admitted] = {}
-        for forward in forwards:
-            for row in forward.rows:
-                owners.setdefault(id(row.owner), row.owner)
-        back = sorted((o for o in owners.values() if not o.done), key=lambda o: o.arrival)
+        """The requests with rows in ``forwards`` (not run) back in the queue."""
         with self._cond:
-            self._queue.push_front((o.request.client, o, o.pending_rows()) for o in back)
+            self._queue_again(row.owner for forward in forwards for row in forward.rows)
             self.metrics.queue_depth(len(self._queue))
             self._cond.notify()
 
