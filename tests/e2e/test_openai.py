@@ -286,6 +286,25 @@ def test_rerank_errors_are_openai_shaped(stack, body, status, words):
     assert got == status and words in answer["error"]["message"]
 
 
+def test_rerank_texts_past_the_cap_are_refused_and_rerank_still_serves(stack):
+    """Past the text-input cap (8192 tokens x 32 bytes), a query or a document is a 400 naming
+    it, before anything is sent to the model; a valid rerank is then still right."""
+    too_long = 8192 * 32 + 1
+    for body, words in (
+        ({"model": "reranker", "query": "q" * too_long, "documents": ["d"]}, "`query`"),
+        (
+            {"model": "reranker", "query": "q", "documents": ["d", "d" * too_long]},
+            f"`documents[1]` is {too_long} bytes",
+        ),
+    ):
+        got, answer = rerank(stack, body)
+        assert got == 400 and words in answer["error"]["message"], answer
+    logits = kserve_scores(stack, QUERY, DOCUMENTS)
+    status, answer = rerank(stack, {"model": "reranker", "query": QUERY, "documents": DOCUMENTS})
+    assert status == 200
+    assert [r["index"] for r in answer["results"]] == list(np.argsort(-logits, kind="stable"))
+
+
 def test_a_reranker_does_not_embed(api):
     with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
         api.embeddings.create(model="reranker", input="x")
