@@ -4,6 +4,8 @@ engine of bench repositories waits their time; no command line, no server.
 
 - ``table:a100``, ``table:a30``: a rule fitted to NVIDIA's published TensorRT BERT-base FP16
   latencies, scaled to MiniLM-L6 (derived, not measured), on a default TensorRT build's layout;
+- ``table:FILE``: forward times measured on a GPU by ``builder.gpu_check --engine torch``
+  (``builder.cost_table_file``), on the layout they were measured on;
 - ``manifest:DIR``: the forward times a built model's calibration measured, on its own layout;
 - synthetic tables (``linear_table``) for the simulator's sweeps and tests.
 """
@@ -109,10 +111,10 @@ def tensorrt_layout() -> BucketLayout:
 
     spec, max_length = BuildSpec(), 256  # MiniLM's limit
     lengths = choose_buckets(
-        read_lengths(LENGTHS), spec.num_buckets, max_length, DEFAULT_ALIGN["tensorrt"]
+        read_lengths(LENGTHS), spec.num_buckets, max_length, DEFAULT_ALIGN["gpu"]
     )
     buckets = bucket_rows(
-        lengths, DEFAULT_TOKEN_BUDGET["tensorrt"], spec.max_batch, batch_multiple=8, capture=True
+        lengths, DEFAULT_TOKEN_BUDGET["gpu"], spec.max_batch, batch_multiple=8, capture=True
     )
     return BucketLayout(tuple(buckets), max_length, spec.max_batch, None)
 
@@ -140,6 +142,29 @@ def gpu_table(name: str) -> CostTable:
     )
 
 
+def file_table(path: Path) -> CostTable:
+    """The forward times a cost table file holds (measured where and when it says)."""
+    from builder.cost_table_file import CostTableFileError, read_cost_table_file
+
+    try:
+        measured = read_cost_table_file(path)
+    except CostTableFileError as err:
+        raise BenchError(str(err)) from None
+    table = measured.table
+    return CostTable(
+        name=f"table:{path}",
+        source=(
+            f"measured on {measured.device} on {measured.date} ({measured.engine}; "
+            f"{measured.model}): `{measured.command}`"
+        ),
+        seconds=lambda b, t: table.time_us(b, t) / 1e6,
+        fixed_tokens=measured.fit.overhead_tokens,
+        layout=BucketLayout(
+            measured.buckets, measured.buckets[-1].length, measured.max_batch, None
+        ),
+    )
+
+
 def manifest_table(version_dir: Path) -> CostTable:
     """The forward times a built model's calibration measured (``calibration.table``)."""
     manifest = load_manifest(version_dir)
@@ -162,11 +187,13 @@ def manifest_table(version_dir: Path) -> CostTable:
 def cost_table(spec: str) -> CostTable:
     kind, _, value = spec.partition(":")
     if kind == "table":
-        return gpu_table(value)
+        if value in PUBLISHED_BERT_BASE_FP16_MS or not Path(value).suffix:
+            return gpu_table(value)
+        return file_table(Path(value))
     if kind == "manifest":
         path = Path(value)
         return manifest_table(path / "1" if (path / "1").is_dir() else path)
-    raise BenchError(f"--cost takes manifest:DIR or table:NAME, got {spec!r}")
+    raise BenchError(f"--cost takes manifest:DIR, table:NAME or table:FILE, got {spec!r}")
 
 
 def linear_table(

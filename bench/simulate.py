@@ -179,7 +179,11 @@ def report(lengths: Sequence[int], ms: int, slo_ms: float, rounds: int = 2) -> s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=Path, default=LENGTHS)
-    parser.add_argument("--cost", default="table:a30", help="manifest:DIR or table:a100|a30")
+    parser.add_argument(
+        "--cost",
+        default="table:a30",
+        help="manifest:DIR, table:a100|a30, or table:FILE (a cost table gpu_check measured)",
+    )
     parser.add_argument(
         "--policy", default="dp", help=f"{', '.join(POLICIES)}, or dp_wait:MS (a bounded wait)"
     )

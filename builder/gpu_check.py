@@ -1,6 +1,8 @@
-"""GPU check: every TensorRT forward the server can run, against ONNX Runtime, for every family.
+"""GPU check: every TensorRT forward the server can run, against ONNX Runtime, for every family;
+or, with ``--engine torch``, the torch engine's graphs and forward times (``builder.torch_check``).
 
     python -m builder.gpu_check [--buckets 16,32,64,128] [--work-dir /tmp/gpu-check]
+    python -m builder.gpu_check --engine torch [--device cpu]
 
 On a GPU node with TensorRT (the project image), for each check (the embedding family with each
 pooling the builder exports: the real MiniLM with its mean pooling, and copies of it whose
@@ -36,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from builder.build import build, tensorrt_ready
 from builder.calibrate import median_seconds
 from builder.spec import BuildError, BuildSpec
 from python_backend.contract import pack_token_types
@@ -240,6 +241,8 @@ def check_spec(check: str, model_dir: Path, args: argparse.Namespace) -> BuildSp
 def check_family(check: str, spec: BuildSpec, rng: np.random.Generator) -> bool:
     import torch
 
+    from builder.build import build
+
     repo = spec.repository
     build(spec.with_(name="trt", engine="tensorrt", precision="fp16"))
     build(spec.with_(name="ort", engine="onnxruntime"))
@@ -273,6 +276,22 @@ def check_family(check: str, spec: BuildSpec, rng: np.random.Generator) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--engine", choices=("tensorrt", "torch"), default="tensorrt")
+    known, rest = engine.parse_known_args(argv)
+    if known.engine == "torch":
+        # imports only torch, numpy, tokenizers and transformers: runs where TensorRT, Triton and
+        # the project's pins are not installed
+        from builder.torch_check import main as torch_main
+
+        return torch_main(rest)
+    return tensorrt_main(rest)
+
+
+def tensorrt_main(argv: list[str]) -> int:
+    from builder.build import tensorrt_ready
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", default="16,32,64,128")
     parser.add_argument("--max-length", type=int, default=192, help="long-row profile up to here")

@@ -14,7 +14,7 @@ from typing import Any
 
 from python_backend.contract import FAMILIES
 
-ENGINE_CHOICES = ("auto", "tensorrt", "onnxruntime")
+ENGINE_CHOICES = ("auto", "tensorrt", "onnxruntime", "torch")
 FAMILY_CHOICES = ("auto", *FAMILIES)
 PRECISION_CHOICES = ("fp32", "fp16")
 COST_MODEL_CHOICES = ("affine", "measured", "linear")
@@ -58,7 +58,8 @@ class BuildSpec:
         "tokenizer.json to serve with (default: <model-dir>/tokenizer.json)", default=None
     )
     engine: str = _opt(
-        "auto: TensorRT where it and a GPU are present, else ONNX Runtime",
+        "auto: TensorRT where it and a GPU are present, else ONNX Runtime; torch: the model's "
+        "own module, FP16 with CUDA graphs on a GPU (FP32 on the CPU)",
         default="auto",
         choices=ENGINE_CHOICES,
     )
@@ -76,8 +77,7 @@ class BuildSpec:
     )
     num_buckets: int = _opt("buckets to choose from a sample", default=8)
     align: int | None = _opt(
-        "round chosen bucket lengths up to a multiple of this (default: 8 for TensorRT, 1 for "
-        "ONNX Runtime)",
+        "round chosen bucket lengths up to a multiple of this (default: 8 on a GPU, 1 on the CPU)",
         default=None,
     )
     max_length: int | None = _opt(
@@ -89,12 +89,13 @@ class BuildSpec:
         default=None,
     )
     token_budget: int | None = _opt(
-        "most padded tokens per forward (default: 4096 on ONNX Runtime, 65536 on TensorRT)",
+        "most padded tokens per forward (default: 4096 on the CPU, 65536 on a GPU)",
         default=None,
     )
     max_batch: int = _opt("most rows per forward", default=64)
     precision: str | None = _opt(
-        "engine precision (default: fp16 on TensorRT, fp32 on ONNX Runtime)",
+        "engine precision (default: fp16 on TensorRT, fp32 on ONNX Runtime; torch: fp16 where "
+        "a GPU is visible, else fp32)",
         default=None,
         choices=PRECISION_CHOICES,
     )

@@ -38,7 +38,13 @@ from python_backend.engine_profiles import EngineProfiles, engine_profiles
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
-ENGINE_KINDS = ("onnxruntime", "tensorrt")
+# each engine kind's files in the version folder
+ENGINE_FILES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("model.onnx",),
+    "tensorrt": ("model.plan",),
+    "torch": ("torch_model.safetensors", "torch_model.json"),  # weights, how to rebuild
+}
+ENGINE_KINDS = tuple(ENGINE_FILES)
 PRECISIONS = ("fp32", "fp16")
 
 
@@ -77,7 +83,7 @@ class Manifest:
     pad_token_id: int
     buckets: tuple[Bucket, ...]  # ascending lengths
     max_batch: int  # the server's cap on rows per forward
-    engine_kind: str  # onnxruntime | tensorrt
+    engine_kind: str  # onnxruntime | tensorrt | torch
     engine_files: tuple[str, ...]  # relative to the version folder
     precision: str  # fp32 | fp16
     cost_model: StoredCost  # the planner's cost model, parsed once (stored as a dict)
@@ -100,6 +106,14 @@ class Manifest:
     @property
     def last_bucket(self) -> int:
         return self.buckets[-1].length
+
+    @property
+    def runs_on_gpu(self) -> bool:
+        """Where the engine runs: a TensorRT plan on a GPU, a torch build on one where it is
+        FP16 and on the CPU where it is FP32, ONNX Runtime on the CPU."""
+        return self.engine_kind == "tensorrt" or (
+            self.engine_kind == "torch" and self.precision == "fp16"
+        )
 
     @property
     def takes_pairs(self) -> bool:
@@ -152,7 +166,8 @@ def _choice(data: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def _bucket(data: Any, i: int) -> Bucket:
+def bucket_from_dict(data: Any, i: int) -> Bucket:
+    """One entry of a manifest's `buckets`, validated (``i``: its index, for the message)."""
     where = f"buckets[{i}]."
     if not isinstance(data, dict):
         raise ManifestError(f"manifest field 'buckets[{i}]' must be an object")
@@ -191,7 +206,7 @@ def manifest_from_dict(data: Any) -> Manifest:
     raw_buckets = _require(data, "buckets", list)
     if not raw_buckets:
         raise ManifestError("manifest field 'buckets' must not be empty")
-    buckets = tuple(_bucket(b, i) for i, b in enumerate(raw_buckets))
+    buckets = tuple(bucket_from_dict(b, i) for i, b in enumerate(raw_buckets))
     lengths = [b.length for b in buckets]
     if lengths != sorted(set(lengths)):
         raise ManifestError("manifest field 'buckets' must have distinct ascending lengths")

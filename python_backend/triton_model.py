@@ -238,7 +238,7 @@ class EngineHost:
         """The log line that says what this instance serves with."""
         return (
             f"{manifest.engine_kind} engine"
-            + (f" on GPU {device_id}" if manifest.engine_kind == "tensorrt" else "")
+            + (f" on GPU {device_id}" if manifest.runs_on_gpu else "")
             + f", buckets {[b.length for b in manifest.buckets]}, planner {planner}, cost {cost}"
         )
 

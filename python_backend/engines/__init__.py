@@ -1,4 +1,5 @@
-"""Engines run one planned group at its bucket: ONNX Runtime (CPU default) or TensorRT (GPU)."""
+"""Engines run one planned group at its bucket: ONNX Runtime (CPU default), TensorRT (GPU), or
+the model's own torch module (FP16 with CUDA graphs on a GPU, FP32 on the CPU)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ __all__ = ["BucketLayout", "Engine", "open_engine"]
 def open_engine(
     manifest: Manifest, version_dir: Path, device: str = "auto", device_id: int = 0
 ) -> Engine:
-    """The engine the manifest names, loaded from ``version_dir``; a TensorRT engine runs on GPU
-    ``device_id`` (the one Triton names for the model instance)."""
+    """The engine the manifest names, loaded from ``version_dir``; one that runs on a GPU runs on
+    GPU ``device_id`` (the one Triton names for the model instance)."""
+    if manifest.engine_kind == "torch":
+        from python_backend.engines.torch_engine import TorchEngine
+
+        return TorchEngine(manifest, version_dir, device_id=device_id)
     if manifest.engine_kind == "tensorrt":
         from python_backend.engines.tensorrt_engine import TensorRTEngine
 

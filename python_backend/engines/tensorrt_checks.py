@@ -12,14 +12,14 @@ that every rule here is unit-tested on machines without a GPU.
 - ``context_slots``: which execution contexts the engine opens: one per (profile, captured batch
   size), its shape set once and never changed, and one eager context per profile that is
   re-shaped for every other size (TensorRT's guidance for CUDA graphs: a graph replays the
-  context's state at capture, so a context that is re-shaped later must not own a graph);
-- ``capture_all``: every (profile, batch) the manifest lists is captured; a size that cannot be
-  captured is logged and runs eagerly instead of failing the whole model load.
+  context's state at capture, so a context that is re-shaped later must not own a graph).
+
+Capture itself, and its fallback, is shared with the torch engine (``cuda_graphs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from python_backend.contract import ENGINE_INPUTS
@@ -120,27 +120,3 @@ def check_io_contract(
     missing = sorted(set(expected) - seen)
     if missing:
         raise EngineContractError(f"engine tensor '{missing[0]}' is missing from the engine")
-
-
-def capture_all(
-    sizes: Iterable[tuple[int, int]],
-    capture: Callable[[int, int], object],
-    log: Callable[[str], None],
-) -> tuple[dict[tuple[int, int], object], list[tuple[int, int]]]:
-    """Captures every (profile, batch); returns the graphs and the sizes left to run eagerly.
-
-    ``capture`` raises when a size cannot be captured, after ending the capture and clearing
-    the CUDA error it left; that size then runs eagerly (the caller checks it still runs).
-    """
-    graphs: dict[tuple[int, int], object] = {}
-    eager: list[tuple[int, int]] = []
-    for profile, batch in sizes:
-        try:
-            graphs[(profile, batch)] = capture(profile, batch)
-        except Exception as err:
-            eager.append((profile, batch))
-            log(
-                f"profile {profile}, batch {batch}: CUDA-graph capture failed ({err}); "
-                "that size runs without a graph"
-            )
-    return graphs, eager

@@ -15,16 +15,15 @@ Layout, decided once at load:
   failed (logged; the model still loads), and every row of the long-row profile. TensorRT 10
   always lets several contexts share a profile; where one refuses anyway, that profile's graphs
   are captured on its eager context as before (logged);
-- a group of B rows runs at the next captured size >= B (the scheduler plans with that cost);
-  the extra rows hold one real token each so pooling never divides by zero, and are dropped.
+- a group of B rows runs at the next captured size >= B (the scheduler plans with that cost).
+
+The device, the stream, the I/O buffers, pad rows and capture with its fallback are
+``cuda_graphs.CudaForwards``, shared with the torch engine; this module adds the contexts.
 
 Before any of that, the TensorRT major must be the supported one, the plan's TensorRT version
 (from the manifest) the running one, and its I/O tensors the ones bound here
 (``tensorrt_checks``). GPU memory is held in torch tensors on the device Triton names for the
-model instance, and every call makes that device current on the calling thread first (a thread
-starts on device 0: entering a stream of another device from there would create a context on
-GPU 0 and switch devices on every forward). A failure at run time raises; the scheduler splits
-the group and retries.
+model instance. A failure at run time raises; the scheduler splits the group and retries.
 """
 
 from __future__ import annotations
@@ -37,11 +36,10 @@ import numpy as np
 import tensorrt as trt
 import torch
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
-from python_backend.engines.base import BucketLayout, graph_inputs
+from python_backend.engines.base import BucketLayout
+from python_backend.engines.cuda_graphs import CudaForwards, Graph, capture_all
 from python_backend.engines.tensorrt_checks import (
     IOTensor,
-    capture_all,
     check_io_contract,
     context_slots,
     require_built_by,
@@ -57,7 +55,7 @@ class _Context:
     profile: int  # TensorRT optimization profile index
     context: trt.IExecutionContext
     batch: int | None  # the captured batch size its shape is fixed at; None: re-shaped (eager)
-    graph: torch.cuda.CUDAGraph | None = None
+    graph: Graph | None = None
 
 
 @dataclass
@@ -84,10 +82,6 @@ class TensorRTEngine:
         device_id: int = 0,
         log: Callable[[str], None] = _log_warning,
     ) -> None:
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "the manifest names a TensorRT engine, but no CUDA device is visible"
-            )
         path = Path(version_dir) / manifest.engine_files[0]
         require_supported_major(trt.__version__)
         require_built_by(manifest.engine_version, trt.__version__, path)
@@ -96,15 +90,24 @@ class TensorRTEngine:
         self.output_name = manifest.output_name
         self.output_dim = manifest.output_dim
         self.pad_token_id = manifest.pad_token_id
-        self.device = torch.device("cuda", device_id)
-        torch.cuda.set_device(self.device)  # TensorRT allocates on the current device
-        self.stream = torch.cuda.Stream(device=self.device)
+        profiles = manifest.engine_profiles
+        # one set of I/O buffers, shared by every context, on the instance's device and stream
+        self.cuda = CudaForwards(
+            device_id,
+            profiles.input_names,
+            manifest.pad_token_id,
+            profiles.max_tokens,
+            profiles.max_rows,
+            self.output_dim,
+            engine="TensorRT",
+        )
+        self.device, self.stream = self.cuda.device, self.cuda.stream
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not load {path} (see the TensorRT log above)")
-        self.profile_table = profiles = manifest.engine_profiles
+        self.profile_table = profiles
         self.input_names = profiles.input_names
         check_io_contract(self._io_tensors(), self.output_name, self.input_names)
         if self.engine.num_optimization_profiles != len(profiles.profiles):
@@ -113,35 +116,10 @@ class TensorRTEngine:
                 f"the manifest describes {len(profiles.profiles)}"
             )
 
-        # one activation block and one set of I/O buffers, shared by every context
+        # one activation block, shared by every context
         self.activation_bytes = int(self.engine.device_memory_size_v2)
         self.activations = torch.empty(
             max(self.activation_bytes, 1), dtype=torch.uint8, device=self.device
-        )
-        max_tokens = profiles.max_tokens
-        # one device buffer per graph input, and pinned staging buffers: host<->device copies
-        # are then asynchronous DMA
-        self.inputs = {
-            name: torch.zeros(max_tokens, dtype=torch.int64, device=self.device)
-            for name in self.input_names
-        }
-        self.host_inputs = {
-            name: torch.empty(max_tokens, dtype=torch.int64, pin_memory=True)
-            for name in self.input_names
-        }
-        # a row past the real ones: (first token, the rest) of each input; one real token, so
-        # pooling never divides by zero
-        pad_rows = {
-            ENGINE_INPUTS[0]: (self.pad_token_id, self.pad_token_id),
-            ENGINE_INPUTS[1]: (1, 0),
-            TOKEN_TYPE_INPUT: (0, 0),
-        }
-        self._pad_row = {name: pad_rows[name] for name in self.input_names}
-        self.out = torch.empty(
-            (profiles.max_rows, self.output_dim), dtype=torch.float32, device=self.device
-        )
-        self.host_out = torch.empty(
-            (profiles.max_rows, self.output_dim), dtype=torch.float32, pin_memory=True
         )
 
         slots = context_slots(
@@ -209,9 +187,9 @@ class TensorRTEngine:
         context.set_device_memory(self.activations.data_ptr(), self.activation_bytes)
         if not context.set_optimization_profile_async(index, self.stream.cuda_stream):
             return None
-        for name, buffer in self.inputs.items():
+        for name, buffer in self.cuda.inputs.items():
             context.set_tensor_address(name, buffer.data_ptr())
-        context.set_tensor_address(self.output_name, self.out.data_ptr())
+        context.set_tensor_address(self.output_name, self.cuda.out.data_ptr())
         return _Context(index, context, batch)
 
     def _set_shape(self, context: _Context, batch: int, length: int) -> None:
@@ -223,29 +201,19 @@ class TensorRTEngine:
         if not context.context.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError(f"TensorRT forward failed on profile {context.profile}")
 
-    def _on_device(self) -> None:
-        """Makes the engine's GPU current on the calling thread (each thread starts on GPU 0)."""
-        if torch.cuda.current_device() != self.device.index:
-            torch.cuda.set_device(self.device)
+    def _eager_launch(self, context: _Context, batch: int, length: int) -> Callable[[], None]:
+        """A forward at [batch, length] on a context re-shaped for it."""
 
-    def _forward_eagerly(self, context: _Context, batch: int, length: int) -> None:
-        """One forward of pad rows at [batch, length] without a graph: warm-up, the shape a
-        graph context keeps, or the check that a size whose capture failed still runs."""
-        self._on_device()
-        with torch.cuda.stream(self.stream):
-            self._fill_pad_rows(0, batch, length)
+        def launch() -> None:
             self._set_shape(context, batch, length)
             self._enqueue(context)
-        self.stream.synchronize()
 
-    def _fill_pad_rows(self, start_row: int, count: int, length: int) -> None:
-        """Rows ``start_row`` .. + ``count`` of a [*, length] forward become pad rows (on the
-        stream: the caller is inside it)."""
-        first, end = start_row * length, (start_row + count) * length
-        for name, (first_token, rest) in self._pad_row.items():
-            rows = self.inputs[name][first:end].view(count, length)
-            rows.fill_(rest)
-            rows[:, 0] = first_token
+        return launch
+
+    def _forward_eagerly(self, context: _Context, batch: int, length: int) -> None:
+        """One forward of pad rows at [batch, length] without a graph: warm-up, or the check
+        that a size whose capture failed still runs."""
+        self.cuda.forward_pad_rows(batch, length, self._eager_launch(context, batch, length))
 
     def _capture_graphs(self) -> None:
         sizes = [(p.index, batch) for p in self.profiles for batch in p.graphs]
@@ -259,17 +227,19 @@ class TensorRTEngine:
             # the real check that it still runs, whatever error the failed capture left
             self._forward_eagerly(profile.eager, batch, profile.fixed_length or 1)
 
-    def _capture(self, index: int, batch: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, index: int, batch: int) -> Graph:
         """Captures one forward of bucket ``index`` at ``batch`` rows on that size's context."""
         profile = self.profiles[index]
         context = profile.graphs[batch]
-        # the shape is set here, once; an eager run first lets TensorRT finish lazy
+        length = int(profile.fixed_length or 0)
+        # the shape is set in the warm-up, once; the eager run first lets TensorRT finish lazy
         # allocations outside the capture
-        self._forward_eagerly(context, batch, int(profile.fixed_length or 0))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
-            self._enqueue(context)
-        return graph
+        return self.cuda.capture(
+            batch,
+            length,
+            launch=lambda: self._enqueue(context),
+            warm_up=self._eager_launch(context, batch, length),
+        )
 
     def _profile_for(self, length: int) -> _Profile:
         i = self.layout.bucket_index(length)
@@ -305,33 +275,16 @@ class TensorRTEngine:
         if use_graph and profile.fixed_length:
             batch = self.layout.run_batch_size(length, rows)
         captured = profile.graphs.get(batch) if use_graph else None
-        n_real = rows * length
-        # stage into pinned memory, copy, and make the rows past the real ones pad rows
-        tensors = graph_inputs(input_ids, attention_mask)
-        for name in self.input_names:
-            self.host_inputs[name][:n_real].numpy()[:] = tensors[name].reshape(-1)
-        self._on_device()
-        with torch.cuda.stream(self.stream):
-            for name in self.input_names:
-                host = self.host_inputs[name][:n_real]
-                self.inputs[name][:n_real].copy_(host, non_blocking=True)
-            if batch > rows:
-                self._fill_pad_rows(rows, batch - rows, length)
-            if captured is not None and captured.graph is not None:
-                # replays the launches captured at this shape (in the fallback the shared eager
-                # context may have been re-shaped since: the form Triton's TensorRT backend uses)
-                captured.graph.replay()
-            else:
-                self._set_shape(profile.eager, batch, length)
-                self._enqueue(profile.eager)
-            self.host_out[:rows].copy_(self.out[:rows], non_blocking=True)  # one D2H copy
-        self.stream.synchronize()
-        return self.host_out[:rows].numpy().copy()
+        if captured is not None and captured.graph is not None:
+            # replays the launches captured at this shape (in the fallback the shared eager
+            # context may have been re-shaped since: the form Triton's TensorRT backend uses)
+            return self.cuda.run(input_ids, attention_mask, batch, captured.graph.replay)
+        launch = self._eager_launch(profile.eager, batch, length)
+        return self.cuda.run(input_ids, attention_mask, batch, launch)
 
     def memory_bytes(self) -> dict[str, int]:
         """Device memory the engine holds, by what it is for (gpu_check prints it)."""
-        io = sum(buffer.numel() * 8 for buffer in self.inputs.values()) + self.out.numel() * 4
-        return {"activations": self.activation_bytes, "io_buffers": io}
+        return {"activations": self.activation_bytes, "io_buffers": self.cuda.io_bytes()}
 
     def num_contexts(self) -> int:
         """Execution contexts open, all on the one activation block (gpu_check prints it)."""

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
+from python_backend.engines.cuda_graphs import capture_all
 from python_backend.engines.tensorrt_checks import (
     ContextSlot,
     EngineContractError,
     IOTensor,
-    capture_all,
     check_io_contract,
     context_slots,
     require_built_by,
@@ -70,7 +70,7 @@ def test_a_size_that_cannot_be_captured_runs_eagerly_and_the_rest_keep_their_gra
     graphs, eager = capture_all(sizes, capture, logged.append)
     assert graphs == {(0, 1): "graph 0/1", (0, 64): "graph 0/64", (1, 1): "graph 1/1"}
     assert eager == [(1, 64)]
-    assert len(logged) == 1 and "profile 1, batch 64" in logged[0]
+    assert len(logged) == 1 and "bucket 1, batch 64" in logged[0]
     assert "not permitted" in logged[0]
 
 
