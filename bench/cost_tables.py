@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.errors import BenchError
-from bench.paths import LENGTHS
+from bench.paths import GPU_TABLES, LENGTHS
 from python_backend.cost_models import MeasuredCost, cost_model_from_dict
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
@@ -163,6 +163,14 @@ def file_table(path: Path) -> CostTable:
             measured.buckets, measured.buckets[-1].length, measured.max_batch, None
         ),
     )
+
+
+def report_gpu_tables(measured: Path = GPU_TABLES) -> list[tuple[str, CostTable]]:
+    """The GPU tables a report shows, by a short label: the derived ones, then every table
+    measured on a GPU and committed under ``measured`` (its file name is its label)."""
+    tables = [(name, gpu_table(name)) for name in sorted(PUBLISHED_BERT_BASE_FP16_MS)]
+    files = sorted(measured.glob("*.json")) if measured.is_dir() else []
+    return tables + [(path.stem, file_table(path)) for path in files]
 
 
 def manifest_table(version_dir: Path) -> CostTable:

@@ -10,3 +10,5 @@ INPUT_DATA = DATA / "perf_input.json"  # perf_analyzer's requests: one real-text
 SAMPLE = DATA / "sample_texts.txt"  # the bench model's length sample
 LENGTHS = DATA / "request_lengths.txt"  # the corpus's token lengths (bench.make_data)
 DOC = ROOT / "docs" / "PERFORMANCE.md"
+# cost tables measured on GPUs (builder.gpu_check --engine torch --table-out ...), one per file
+GPU_TABLES = ROOT / "docs" / "gpu_tables"

@@ -39,11 +39,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.cost_tables import (
-    PUBLISHED_BERT_BASE_FP16_MS,
     cost_table,
     gpu_table,
     linear_table,
     read_lengths,
+    report_gpu_tables,
 )
 from bench.docs import render, write_section
 from bench.errors import reports_errors
@@ -132,8 +132,7 @@ def throughput_under_slo(lengths: Sequence[int], us_per_row: float, slo_ms: floa
         "| GPU table | server us/row | " + " | ".join(POLICIES) + " |",
         "|---" * (len(POLICIES) + 2) + "|",
     ]
-    for gpu in sorted(PUBLISHED_BERT_BASE_FP16_MS):
-        table = gpu_table(gpu)
+    for gpu, table in report_gpu_tables():
         for server in (0.0, us_per_row):
             best = [best_under_slo(lengths, table, p, slo_ms, server)[0] for p in POLICIES]
             lines.append(f"| {gpu} | {server:.0f} | " + " | ".join(f"{b:.0f}" for b in best) + " |")
@@ -166,7 +165,7 @@ def report(lengths: Sequence[int], ms: int, slo_ms: float, rounds: int = 2) -> s
     return render(
         "simulate",
         validation=validation,
-        sources="\n".join(f"- {gpu_table(g).source}" for g in sorted(PUBLISHED_BERT_BASE_FP16_MS)),
+        sources="\n".join(f"- {gpu}: {table.source}" for gpu, table in report_gpu_tables()),
         us_per_row=f"{us_per_row:.0f}",
         gain_table=gain_by_fixed_cost(lengths, us_per_row),
         slo_ms=f"{slo_ms:.0f}",

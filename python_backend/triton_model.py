@@ -42,7 +42,11 @@ from python_backend.manifest import Manifest, load_manifest
 from python_backend.metrics import TritonMetrics
 from python_backend.scheduler import Answer, Outcome, Request, Scheduler
 from python_backend.settings import Settings, settings_from_parameters
+from python_backend.stub_python import match_extension_modules
 from python_backend.tokenization import TextTokenizer
+
+# before anything imports ssl (transformers does, for the torch engine): see stub_python
+match_extension_modules()
 
 
 def _error_response(message: str, code_name: str) -> Any:

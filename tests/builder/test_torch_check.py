@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cost_tables import cost_table
+from bench.cost_tables import cost_table, report_gpu_tables
+from bench.sim.run import simulate
 from builder import torch_check
 from builder.cost_table_file import read_cost_table_file
 
@@ -76,6 +77,16 @@ def test_the_cpu_form_passes_imports_only_what_the_gpu_machine_has_and_writes_a_
     assert table.layout.lengths == [b.length for b in measured.buckets]
     assert table.fixed_tokens == measured.fit.overhead_tokens
     assert measured.date in table.source and "CPU" in table.source
+
+    # committed under the report's folder, it is simulated beside the derived tables
+    folder = tmp_path / "gpu_tables"
+    folder.mkdir()
+    (folder / "cpu-check.json").write_text(table_path.read_text())
+    tables = report_gpu_tables(folder)
+    assert [label for label, _ in tables] == ["a100", "a30", "cpu-check"]
+    lengths = [n for n in (5, 12, 30, 60, 3, 17) if n <= table.layout.lengths[-1]]
+    served = simulate(lengths * 20, tables[-1][1], "dp", concurrency=8, seconds=1)
+    assert served.rows_per_s > 0
 
 
 class WrongFirst(torch_check.TorchEngine):

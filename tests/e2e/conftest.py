@@ -40,6 +40,19 @@ def build_repository(root: Path) -> Path:
             quiet=True,
         )
     )
+    # the same model on the torch engine (FP32 on the CPU): served like any other engine
+    build(
+        BuildSpec(
+            name="minilm_torch",
+            repository=repository,
+            engine="torch",
+            buckets=BUCKETS,
+            calibration_repeats=0,
+            cost_model="linear",
+            overhead_tokens=64,
+            quiet=True,
+        )
+    )
     # small models built from configs with a fixed seed: a classifier with class names
     # (Triton's classification extension) and a cross-encoder (/v1/rerank)
     from builder.build import default_model_dir

@@ -64,6 +64,23 @@ def test_multi_row_requests_match_each_row_computed_alone(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_torch_engine_serves_what_onnx_runtime_serves(
+    server, protocol, tokenizer, reference_model
+):
+    """The same requests to the model built with the torch engine and with ONNX Runtime: each
+    row as the reference computes it alone, and the two engines within 1e-5 of each other."""
+    texts = corpus_rows(10, seed=11)
+    c = client(server, protocol)
+    ids = tokenizer.encode(texts, truncate=True)
+    served = {}
+    for model in ("minilm_torch", "minilm"):
+        served[model], tokens = infer(c, model, text_inputs(protocol, texts))
+        assert tokens.ravel().tolist() == [len(row) for row in ids]
+    assert np.abs(served["minilm_torch"] - reference_model(ids)).max() <= TOLERANCE
+    assert np.abs(served["minilm_torch"] - served["minilm"]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_text_and_input_ids_give_the_same_outputs(server, protocol, tokenizer):
     texts = ["short one", "a somewhat longer row of text that lands in another bucket " * 3]
     c = client(server, protocol)
