@@ -103,7 +103,12 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         vectors, tokens = await unless_disconnected(
             request,
             backend.embed(
-                info, query.texts, query.token_rows, query.prompt_name, client_of(request)
+                info,
+                query.texts,
+                query.token_rows,
+                query.prompt_name,
+                client_of(request),
+                query.truncation,
             ),
         )
         if query.dimensions is not None and query.dimensions != info.output_dim:
@@ -116,7 +121,10 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         query = parse_rerank(await json_body(request), limits)
         info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
         scores, tokens = await unless_disconnected(
-            request, backend.rerank(info, query.query, query.documents, client_of(request))
+            request,
+            backend.rerank(
+                info, query.query, query.documents, client_of(request), query.truncation
+            ),
         )
         return FastJSONResponse(rerank_response(query, scores, tokens))
 

@@ -15,12 +15,14 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
+from openai_api.protocol import MODEL_DEFAULT, Truncation
 from python_backend.contract import (
     CLIENT_PARAMETER,
     FAMILY_OUTPUTS,
     NUM_TOKENS_OUTPUT,
     PAIR_INPUT,
     REQUEST_INPUTS,
+    TOO_LONG_ROW,
 )
 
 T = TypeVar("T")
@@ -132,10 +134,13 @@ class TritonBackend:
         token_rows: list[list[int]] | None,
         prompt_name: str | None = None,
         client: str = "",
+        truncation: Truncation = MODEL_DEFAULT,
     ) -> tuple[np.ndarray, int]:
         """[inputs, D] float32 in input order, and the tokens the model ran (prompts included).
         ``client``: who sent it, as the front door named them (the model's queue shares)."""
-        parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
+        parameters = truncation.parameters()
+        if prompt_name is not None:
+            parameters["prompt_name"] = prompt_name
         items: list[Any] = texts if texts is not None else list(token_rows or [])
         starts = range(0, len(items), info.max_rows)
         parts = await gather_or_cancel(
@@ -150,7 +155,12 @@ class TritonBackend:
         return vectors, int(sum(p[1] for p in parts))
 
     async def rerank(
-        self, info: ModelInfo, query: str, documents: list[str], client: str = ""
+        self,
+        info: ModelInfo,
+        query: str,
+        documents: list[str],
+        client: str = "",
+        truncation: Truncation = MODEL_DEFAULT,
     ) -> tuple[np.ndarray, int]:
         """The score of (query, document) for each document, in their order, and the tokens."""
         # each chunk carries the query once per document: Triton's core refuses a request whose
@@ -163,7 +173,14 @@ class TritonBackend:
         async def chunk(a: int) -> tuple[np.ndarray, int]:
             async with at_once:
                 return await self._infer(
-                    info, documents[a : a + info.max_rows], True, a, None, client, query
+                    info,
+                    documents[a : a + info.max_rows],
+                    True,
+                    a,
+                    truncation.parameters(),
+                    client,
+                    query,
+                    inputs_field="documents",
                 )
 
         parts = await gather_or_cancel(*(chunk(a) for a in range(0, len(documents), info.max_rows)))
@@ -176,9 +193,10 @@ class TritonBackend:
         rows: list[Any],
         as_text: bool,
         offset: int,
-        parameters: dict[str, str] | None = None,
+        parameters: dict[str, Any] | None = None,
         client: str = "",
         query: str | None = None,
+        inputs_field: str = "input",
     ) -> tuple[np.ndarray, int]:
         """One request of ``rows``: texts, or token-id rows; with ``query``, a reranker's
         (query, document) pairs, the rows being the documents."""
@@ -219,11 +237,19 @@ class TritonBackend:
                 inputs,
                 outputs=outputs,
                 client_timeout=self.timeout_s,
-                parameters=parameters,
+                parameters=parameters or None,
                 # Triton forwards it to the model as a request parameter (tools/serve.py)
                 headers={CLIENT_PARAMETER: client} if client else None,
             )
         except InferenceServerException as err:
+            too_long = TOO_LONG_ROW.match(err.message() or "")
+            if too_long:  # name the input as the client sent it, not the model's row
+                row, tokens, limit = (int(x) for x in too_long.groups())
+                raise bad_request(
+                    f"`{inputs_field}[{offset + row}]` is {tokens} tokens; the model's limit is "
+                    f"{limit} (`truncate` END or START cuts it)",
+                    param=inputs_field,
+                ) from None
             where = (
                 f"inputs {offset}..{offset + len(rows) - 1}: " if offset or len(rows) > 1 else ""
             )

@@ -4,7 +4,10 @@
 token-id lists (taken as already prompted); ``prompt_name`` (or NIM's ``input_type``: query,
 passage, document) picks one of the model's sentence-transformers prompts for text input; ``encoding_format`` is ``float`` or ``base64`` (little-endian float32, as
 OpenAI's clients decode it); ``dimensions`` shortens each vector, then renormalises it, and only
-for models that declare the sizes they allow.
+for models that declare the sizes they allow. Rows over the model's limit are cut from the
+end the request names: ``truncation_side`` (``right``, the default, or ``left``), or NIM's
+``truncate`` (``END``: right, ``START``: left, ``NONE``: refused with a 400 naming the input, its
+length and the limit); without either, the model's own default stands.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from openai_api.errors import bad_request
-from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN
+from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 MAX_TOKEN_ID = 2**31 - 1  # token ids are vocabulary indices: far below this, never above int64
@@ -38,6 +41,54 @@ class InputLimits:
 
 
 ENCODINGS = ("float", "base64")
+# NIM's (and Cohere's) `truncate`: which end of an over-long input is cut, or none (refused)
+NIM_TRUNCATE = {"END": "right", "START": "left", "NONE": None}
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What a request says of inputs over the model's limit; None: the model's default."""
+
+    truncate: bool | None = None  # False: refuse them (NIM's NONE)
+    side: str | None = None  # a TRUNCATION_SIDES value
+
+    def parameters(self) -> dict[str, Any]:
+        """The KServe request parameters that say it to the model."""
+        out: dict[str, Any] = {}
+        if self.truncate is not None:
+            out["truncate"] = self.truncate
+        if self.side is not None:
+            out["truncation_side"] = self.side
+        return out
+
+
+MODEL_DEFAULT = Truncation()  # a request that says neither
+
+
+def parse_truncation(body: dict[str, Any]) -> Truncation:
+    """``truncation_side`` or NIM's ``truncate``, checked (one of them at most)."""
+    side = body.get("truncation_side")
+    if side is not None and (not isinstance(side, str) or side not in TRUNCATION_SIDES):
+        raise bad_request(
+            f"`truncation_side` must be one of {', '.join(TRUNCATION_SIDES)}, got "
+            f"{str(side)[:64]!r}",
+            param="truncation_side",
+        )
+    nim = body.get("truncate")
+    if nim is None:
+        return Truncation(side=side)
+    if not isinstance(nim, str) or nim not in NIM_TRUNCATE:
+        raise bad_request(
+            f"`truncate` must be one of {', '.join(NIM_TRUNCATE)}, got {str(nim)[:64]!r}",
+            param="truncate",
+        )
+    if side is not None:
+        raise bad_request("send `truncate` or `truncation_side`, not both", param="truncate")
+    if NIM_TRUNCATE[nim] is None:
+        return Truncation(truncate=False)
+    return Truncation(truncate=True, side=NIM_TRUNCATE[nim])
+
+
 # NIM's `input_type`, onto the prompt names sentence-transformers models use for it
 INPUT_TYPES = {"query": "query", "passage": "passage", "document": "document"}
 
@@ -50,6 +101,7 @@ class EmbeddingsQuery:
     encoding_format: str
     dimensions: int | None
     prompt_name: str | None = None  # one of the model's prompts, prepended to each text
+    truncation: Truncation = Truncation()
 
     @property
     def count(self) -> int:
@@ -163,7 +215,9 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         if prompt_name is not None:
             raise bad_request("send `prompt_name` or `input_type`, not both", param="input_type")
         prompt_name = INPUT_TYPES[input_type]
-    return EmbeddingsQuery(model, texts, token_rows, encoding, dimensions, prompt_name)
+    return EmbeddingsQuery(
+        model, texts, token_rows, encoding, dimensions, prompt_name, parse_truncation(body)
+    )
 
 
 def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:
@@ -210,6 +264,7 @@ class RerankQuery:
     top_n: int | None
     return_documents: bool
     raw_scores: bool
+    truncation: Truncation = Truncation()
 
 
 def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
@@ -246,7 +301,13 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
             raise bad_request(f"`{name}` must be true or false", param=name)
         flags[name] = value
     return RerankQuery(
-        model, query, documents, top_n, flags["return_documents"], flags["raw_scores"]
+        model,
+        query,
+        documents,
+        top_n,
+        flags["return_documents"],
+        flags["raw_scores"],
+        parse_truncation(body),
     )
 
 

@@ -6,6 +6,7 @@ are declared in ``settings``.)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -89,6 +90,21 @@ MAX_ID_COLUMNS = 65536
 # the client's address, over anything the client sent; Triton forwards it as a request parameter
 # of the same name (--http-header-forward-pattern, --grpc-header-forward-pattern)
 CLIENT_PARAMETER = "x-planner-client"
+# which end of a row over the max length is cut (request parameter truncation_side): the text's
+# tokens go from that end; special tokens and the prompt stay
+TRUNCATION_SIDES = ("right", "left")
+
+
+def too_long_message(input_name: str, row: int, tokens: int, limit: int) -> str:
+    """The refusal of a row over the max length with truncate off; ``TOO_LONG_ROW`` reads it
+    back (the OpenAI adapter names the client's input from it)."""
+    return (
+        f"{input_name} row {row} is {tokens} tokens; the limit is {limit} "
+        "(send truncate=true to cut it)"
+    )
+
+
+TOO_LONG_ROW = re.compile(r"^\w+ row (\d+) is (\d+) tokens; the limit is (\d+) ")
 MAX_CLIENT_NAME = 256  # characters
 
 # -- why a request got no outputs -------------------------------------------------------------

@@ -21,8 +21,10 @@ from python_backend.contract import (
     PAIR_INPUT,
     REQUEST_INPUTS,
     TEXT_INPUTS,
+    TRUNCATION_SIDES,
     Reason,
     ServeError,
+    too_long_message,
 )
 from python_backend.tokenization import TextTokenizer
 
@@ -41,6 +43,7 @@ class RequestOptions:
     timeout_ms: int  # 0: no deadline
     prompt_name: str | None = None  # a prompt of the model's, prepended to each text row
     client: str = ""  # who sent it (CLIENT_PARAMETER): the queue is shared between clients
+    truncation_side: str = "right"  # which end of an over-long row is cut (TRUNCATION_SIDES)
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,19 @@ def parse_options(
             f"parameter {CLIENT_PARAMETER} must be a string of at most {MAX_CLIENT_NAME} "
             "characters",
         )
+    side = parameters.get("truncation_side", TRUNCATION_SIDES[0])
+    if not isinstance(side, str) or side not in TRUNCATION_SIDES:
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter truncation_side must be one of {', '.join(TRUNCATION_SIDES)}, "
+            f"got {str(side)[:64]!r}",
+        )
     return RequestOptions(
-        truncate=truncate, timeout_ms=int(timeout), prompt_name=prompt_name, client=client
+        truncate=truncate,
+        timeout_ms=int(timeout),
+        prompt_name=prompt_name,
+        client=client,
+        truncation_side=side,
     )
 
 
@@ -170,7 +184,9 @@ def _text_rows(name: str, text: np.ndarray, limits: Limits, options: RequestOpti
                     f"{name} row {r} is {len(raw)} bytes, far over the {limits.max_length}-token "
                     f"limit (truncate is off)",
                 )
-            decoded = decoded[:max_bytes]  # the tail would be truncated away anyway
+            # the end truncation cuts would be cut away anyway
+            left = options.truncation_side == "left"
+            decoded = decoded[-max_bytes:] if left else decoded[:max_bytes]
         texts.append(decoded)
     return texts
 
@@ -193,10 +209,15 @@ def decode_text(
                 f"{list(pair.shape)}",
             )
         rows = tokenizer.encode_pairs(
-            texts, _text_rows("TEXT_PAIR", pair, limits, options), options.truncate
+            texts,
+            _text_rows("TEXT_PAIR", pair, limits, options),
+            options.truncate,
+            options.truncation_side,
         )
     else:
-        rows = tokenizer.encode(texts, truncate=options.truncate)
+        rows = tokenizer.encode(
+            texts, options.truncate, options.truncation_side, prompt_chars=len(prefix)
+        )
     for r, ids in enumerate(rows):
         if len(ids) == 0:
             raise ServeError(
@@ -205,9 +226,7 @@ def decode_text(
             )
         if len(ids) > limits.max_length:
             raise ServeError(
-                Reason.TOO_LONG,
-                f"TEXT row {r} is {len(ids)} tokens; the limit is {limits.max_length} "
-                "(send truncate=true to cut it)",
+                Reason.TOO_LONG, too_long_message("TEXT", r, len(ids), limits.max_length)
             )
     return rows
 
@@ -272,11 +291,17 @@ def decode_ids(
         r = int(too_long[0])
         raise ServeError(
             Reason.TOO_LONG,
-            f"INPUT_IDS row {r} is {int(lengths[r])} tokens; the limit is {limits.max_length} "
-            "(send truncate=true to cut it)",
+            too_long_message("INPUT_IDS", r, int(lengths[r]), limits.max_length),
         )
-    # copies: Triton's input buffers are not ours once execute returns
-    return [ids[r, : min(int(lengths[r]), limits.max_length)].copy() for r in range(num_rows)]
+    # copies: Triton's input buffers are not ours once execute returns; an over-long row keeps
+    # its first ids, or its last with truncation_side left
+    keep_last = options.truncation_side == "left"
+    rows = []
+    for r in range(num_rows):
+        end = int(lengths[r])
+        start = max(0, end - limits.max_length) if keep_last else 0
+        rows.append(ids[r, start : min(end, start + limits.max_length)].copy())
+    return rows
 
 
 def decode_request(

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from openai_api.protocol import shorten
-from testkit.triton_clients import client, infer, text_inputs
+from testkit.triton_clients import client, infer, infer_error, text_inputs
 from tests.e2e.stack import API_KEY
 
 TEXTS = [
@@ -170,6 +170,61 @@ def test_the_model_refuses_what_it_cannot_take_with_a_400_naming_the_input(api):
         api.embeddings.create(model="minilm", input=["fine", "   "])
     assert raised.value.status_code == 400
     assert "row 1 is empty" in raised.value.message
+
+
+LONG = " ".join(f"word{i}" for i in range(400))  # about 800 tokens: past MiniLM's 256
+
+
+def test_truncation_side_and_nims_truncate_cut_the_end_they_name(stack, tokenizer, api):
+    """Over the model's limit, `truncation_side` left (or NIM's START) keeps the input's end,
+    right (END, or neither) its start, each as the model itself cuts token ids; NONE refuses,
+    naming the input, its length and the limit. KServe takes the same parameter."""
+    whole = tokenizer.encode([LONG], truncate=False)[0]
+    limit = tokenizer.max_length
+    assert len(whole) > limit
+    tail = [int(whole[0]), *whole[-limit + 1 : -1].tolist(), int(whole[-1])]
+    head = tokenizer.encode([LONG], truncate=True)[0].tolist()
+
+    def vector(extra: dict, model_input) -> np.ndarray:
+        answer = api.embeddings.create(
+            model="minilm", input=model_input, encoding_format="float", extra_body=extra
+        )
+        return np.array([d.embedding for d in answer.data], dtype=np.float32)
+
+    want_tail, want_head = vector({}, [tail])[0], vector({}, [head])[0]
+    assert np.abs(want_tail - want_head).max() > 1e-3  # the two ends differ
+    for extra, want in (
+        ({"truncation_side": "left"}, want_tail),
+        ({"truncate": "START"}, want_tail),
+        ({"truncation_side": "right"}, want_head),
+        ({"truncate": "END"}, want_head),
+        ({}, want_head),
+    ):
+        got = vector(extra, ["short", LONG])
+        assert np.abs(got[1] - want).max() <= 1e-6, extra
+    # token ids too: left keeps the last ids
+    ids_left = vector({"truncation_side": "left"}, [whole[1:-1].tolist()])[0]
+    plain_tail = vector({}, [whole[-limit - 1 : -1].tolist()])[0]
+    assert np.abs(ids_left - plain_tail).max() <= 1e-6
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(
+            model="minilm", input=["short", LONG], extra_body={"truncate": "NONE"}
+        )
+    message = refused.value.message
+    assert f"`input[1]` is {len(whole)} tokens" in message and f"limit is {limit}" in message
+    assert refused.value.body["param"] == "input"
+
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    c = client(stack, "http")
+    kserve_left, _ = infer(
+        c, "minilm", text_inputs("http", [LONG]), {"truncation_side": "left"}, headers=headers
+    )
+    assert np.abs(kserve_left[0] - want_tail).max() <= 1e-6
+    refused_kserve = infer_error(
+        c, "minilm", text_inputs("http", [LONG]), {"truncation_side": "middle"}, headers=headers
+    )
+    assert "truncation_side must be one of right, left" in refused_kserve.message()
 
 
 def raw(stack, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict]:

@@ -168,3 +168,71 @@ def test_the_client_parameter_is_a_short_string():
     for bad in (7, "x" * 257):
         with pytest.raises(ServeError, match=CLIENT_PARAMETER):
             parse_options({CLIENT_PARAMETER: bad}, True, 0)
+
+
+LEFT = RequestOptions(truncate=True, timeout_ms=0, truncation_side="left")
+WORDS = " ".join(f"w{i}" for i in range(40))  # each wN is its own few tokens, in order
+
+
+def test_left_truncation_keeps_the_last_text_tokens_and_the_special_ones(tokenizer):
+    whole = tokenizer.encode([WORDS], truncate=False)[0]
+    left = decode_request({"TEXT": text(WORDS.encode())}, LEFT, tokenizer, LIMITS).rows[0]
+    right = decode_request({"TEXT": text(WORDS.encode())}, CUT, tokenizer, LIMITS).rows[0]
+    assert len(left) == len(right) == LIMITS.max_length
+    # [CLS], then the last 14 text tokens, then [SEP]
+    assert left.tolist() == [whole[0], *whole[-LIMITS.max_length + 1 : -1], whole[-1]]
+    assert right.tolist() == [*whole[: LIMITS.max_length - 1], whole[-1]]
+
+
+def test_left_truncation_keeps_the_prompt(tokenizer):
+    options = RequestOptions(
+        truncate=True, timeout_ms=0, prompt_name="query", truncation_side="left"
+    )
+    row = decode_request({"TEXT": text(WORDS.encode())}, options, tokenizer, LIMITS, PROMPTS).rows[
+        0
+    ]
+    prompt = tokenizer.encode(["query:"], truncate=False)[0][1:-1]  # without [CLS], [SEP]
+    whole = tokenizer.encode([WORDS], truncate=False)[0]
+    kept_text = LIMITS.max_length - 2 - len(prompt)
+    assert row.tolist() == [whole[0], *prompt, *whole[-kept_text - 1 : -1], whole[-1]]
+
+
+def test_left_truncation_of_a_huge_row_keeps_its_tail(tokenizer):
+    """The byte cut before tokenizing keeps the end that left truncation keeps."""
+    huge = b"head " * 200_000 + WORDS.encode()
+    row = decode_request({"TEXT": text(huge)}, LEFT, tokenizer, LIMITS).rows[0]
+    whole = tokenizer.encode([WORDS], truncate=False)[0]
+    assert row.tolist() == [whole[0], *whole[-LIMITS.max_length + 1 : -1], whole[-1]]
+
+
+def test_left_truncation_of_ids_keeps_their_last_ids():
+    decoded = decode_request({"INPUT_IDS": ids([list(range(1, 30))])}, LEFT, None, LIMITS)
+    assert decoded.rows[0].tolist() == list(range(14, 30))
+    masked = decode_request(
+        {"INPUT_IDS": ids([list(range(1, 30))]), "ATTENTION_MASK": ids([[1] * 20 + [0] * 9])},
+        LEFT,
+        None,
+        LIMITS,
+    )
+    assert masked.rows[0].tolist() == list(range(5, 21))
+
+
+def test_pairs_truncate_longest_first_from_the_chosen_side(tokenizer):
+    pair_limits = Limits(max_rows=4, max_length=16, vocab_size=30522, pairs=True)
+    first, second = " ".join(f"a{i}" for i in range(20)), "b1 b2"
+    inputs = {"TEXT": text(first.encode()), "TEXT_PAIR": text(second.encode())}
+    left = decode_request(inputs, LEFT, tokenizer, pair_limits).rows[0]
+    right = decode_request(inputs, CUT, tokenizer, pair_limits).rows[0]
+    assert len(left) == len(right) == 16 and left.tolist() != right.tolist()
+    # the pair is kept whole in both; the long first text lost its start (left) or its end
+    assert left[-4:].tolist() == right[-4:].tolist()
+    whole = tokenizer.encode_pairs([first], [second], truncate=False)[0]
+    assert left[1] == whole[len(whole) - 4 - 11] and right[1] == whole[1]
+
+
+@pytest.mark.parametrize("side", ["middle", "LEFT", 1, None, ["left"]])
+def test_a_truncation_side_that_is_not_one_is_named(side):
+    with pytest.raises(ServeError, match="parameter truncation_side must be one of right, left"):
+        parse_options({"truncation_side": side}, True, 0)
+    assert parse_options({"truncation_side": "left"}, True, 0).truncation_side == "left"
+    assert parse_options({}, True, 0).truncation_side == "right"

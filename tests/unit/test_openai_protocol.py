@@ -13,6 +13,7 @@ from openai_api.protocol import (
     MAX_INPUTS,
     embeddings_response,
     parse_embeddings,
+    parse_rerank,
     shorten,
 )
 
@@ -63,6 +64,16 @@ def test_every_input_form_openai_accepts_is_parsed():
             "input_type",
             "not both",
         ),
+        ({"model": "m", "input": "a", "truncate": "end"}, "truncate", "END, START, NONE"),
+        ({"model": "m", "input": "a", "truncate": True}, "truncate", "END, START, NONE"),
+        ({"model": "m", "input": "a", "truncate": "X" * 10**6}, "truncate", "END, START"),
+        ({"model": "m", "input": "a", "truncation_side": "up"}, "truncation_side", "right, left"),
+        ({"model": "m", "input": "a", "truncation_side": 0}, "truncation_side", "right, left"),
+        (
+            {"model": "m", "input": "a", "truncate": "END", "truncation_side": "left"},
+            "truncate",
+            "not both",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_naming_the_field(body, param, words):
@@ -71,6 +82,26 @@ def test_a_bad_request_is_a_400_naming_the_field(body, param, words):
     assert err.value.status == 400 and err.value.param == param
     assert words in err.value.message
     assert set(err.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "parameters"),
+    [
+        ({}, {}),
+        ({"truncation_side": "left"}, {"truncation_side": "left"}),
+        ({"truncation_side": "right"}, {"truncation_side": "right"}),
+        ({"truncate": "START"}, {"truncate": True, "truncation_side": "left"}),
+        ({"truncate": "END"}, {"truncate": True, "truncation_side": "right"}),
+        ({"truncate": "NONE"}, {"truncate": False}),
+    ],
+)
+def test_truncation_fields_become_the_models_parameters(fields, parameters):
+    """NIM's truncate and truncation_side say which end of an over-long input is cut; neither
+    leaves the model's default."""
+    query = parse_embeddings({"model": "m", "input": "a", **fields})
+    assert query.truncation.parameters() == parameters
+    rerank = parse_rerank({"model": "m", "query": "q", "documents": ["d"], **fields})
+    assert rerank.truncation.parameters() == parameters
 
 
 def test_base64_is_little_endian_float32_of_the_same_vector():
