@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import uvicorn
 
 from openai_api.app import create_app
 from openai_api.backend import TritonBackend
+from openai_api.model_files import ModelRepository
 from openai_api.protocol import InputLimits
 from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN
 
@@ -21,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", required=True, help="a served model it answers for (repeatable)"
     )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for Triton")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        help="the model repository Triton serves (read-only): /v1/tokenize, /v1/decode and "
+        "/v1/info read each model's manifest and tokenizer from it, /v1/classify its class names",
+    )
     defaults = InputLimits()
     parser.add_argument(
         "--max-tokens-per-input",
@@ -40,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-tokens-per-input and --max-tokens-per-request must be >= 1")
     host, _, port = args.listen.rpartition(":")
     limits = InputLimits(args.max_tokens_per_input, args.max_tokens_per_request)
-    app = create_app(TritonBackend(args.triton_grpc, args.model, args.timeout_s), limits)
+    app = create_app(
+        TritonBackend(args.triton_grpc, args.model, args.timeout_s),
+        limits,
+        ModelRepository(args.repository),
+    )
     uvicorn.run(
         app,
         host=host or "127.0.0.1",

@@ -1,10 +1,14 @@
-"""The routes: ``POST /v1/embeddings``, ``POST /v1/rerank``, ``GET /v1/models``, ``GET /v1/models/{model}``, and
-``GET /health`` for the launcher (the front door does not pass it)."""
+"""The routes: ``POST /v1/embeddings``, ``POST /v1/rerank``, ``POST /v1/classify``,
+``GET /v1/models``, ``GET /v1/models/{model}``; ``POST /v1/tokenize``, ``POST /v1/decode`` and
+``GET /v1/info``, answered from the model's own files (``model_files``); and ``GET /health`` for
+the launcher (the front door does not pass it)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -17,22 +21,30 @@ from starlette.routing import Route
 
 from openai_api.backend import (
     EMBEDDING_OUTPUT,
+    LOGITS_OUTPUT,
     SCORE_OUTPUT,
     ModelInfo,
     TritonBackend,
     check_dimensions,
 )
 from openai_api.errors import OpenAIError, bad_request, error_body
+from openai_api.model_files import ModelRepository
 from openai_api.protocol import (
+    MAX_INPUTS,
     InputLimits,
+    classify_response,
     embeddings_response,
     model_card,
+    parse_classify,
+    parse_decode,
     parse_embeddings,
     parse_rerank,
+    parse_tokenize,
     rerank_response,
     shorten,
+    tokens_response,
 )
-from python_backend.contract import CLIENT_PARAMETER
+from python_backend.contract import CLIENT_PARAMETER, TRUNCATION_SIDES, ServeError
 
 
 class FastJSONResponse(JSONResponse):
@@ -86,7 +98,21 @@ async def unless_disconnected(request: Any, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Starlette:
+def project_version() -> str:
+    try:
+        return importlib.metadata.version("triton-batch-planner")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def create_app(
+    backend: TritonBackend,
+    limits: InputLimits | None = None,
+    repository: ModelRepository | None = None,
+) -> Starlette:
+    limits = limits or InputLimits()
+    repository = repository or ModelRepository(None)
+
     async def model_serving(name: str, output: str, refusal: str) -> ModelInfo:
         """The served model, if it answers ``output``; else a 400 saying what it answers."""
         info = await backend.info(name)
@@ -127,6 +153,101 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
             ),
         )
         return FastJSONResponse(rerank_response(query, scores, tokens))
+
+    async def classify(request: Request) -> Response:
+        query = parse_classify(await json_body(request), limits)
+        info = await model_serving(query.model, LOGITS_OUTPUT, "does not classify")
+        labels: tuple[str, ...] = ()
+        if repository.root is not None:
+            manifest = repository.files(info.name).manifest
+            if manifest.family != "classifier":
+                raise bad_request(
+                    f"model `{info.name}` is a {manifest.family} model, not a classifier",
+                    param="model",
+                )
+            labels = manifest.labels
+        logits, tokens = await unless_disconnected(
+            request,
+            backend.embed(
+                info,
+                query.texts,
+                query.token_rows,
+                client=client_of(request),
+                truncation=query.truncation,
+            ),
+        )
+        return FastJSONResponse(
+            classify_response(query.model, logits, labels, tokens, int(time.time()))
+        )
+
+    async def tokenize(request: Request) -> Response:
+        query = parse_tokenize(await json_body(request), limits)
+        info = await backend.info(query.model)
+        files = repository.files(info.name)
+        try:
+            prompt = files.prompts.prefix(query.prompt_name)
+        except ServeError as err:
+            raise bad_request(str(err), param="prompt_name") from None
+        truncate = query.truncation.truncate
+        rows = files.tokenizer.spans(
+            query.texts,
+            info.truncate_default if truncate is None else truncate,
+            query.truncation.side or TRUNCATION_SIDES[0],
+            prompt,
+        )
+        return FastJSONResponse(tokens_response(rows, query.add_special_tokens))
+
+    async def decode(request: Request) -> Response:
+        query = parse_decode(await json_body(request), limits)
+        info = await backend.info(query.model)
+        files = repository.files(info.name)
+        vocab = files.manifest.vocab_size
+        for i, row in enumerate(query.rows):
+            bad = next((t for t in row if t >= vocab), None)
+            if bad is not None:
+                raise bad_request(
+                    f"`ids[{i}]` holds the token id {bad}; this model's ids lie in [0, {vocab})",
+                    param="ids",
+                )
+        return FastJSONResponse(files.tokenizer.decode(query.rows, query.skip_special_tokens))
+
+    async def model_info(request: Request) -> Response:
+        name = request.query_params.get("model")
+        if name is None:
+            if len(backend.models) != 1:
+                raise bad_request(
+                    "name the model: /v1/info?model=NAME (this adapter serves "
+                    f"{len(backend.models)})",
+                    param="model",
+                )
+            name = backend.models[0]
+        info = await backend.info(name)
+        manifest = repository.files(info.name).manifest
+        family: dict[str, Any] = {}
+        if manifest.family == "embedding":
+            family = {"pooling": manifest.source.get("pooling"), "dimension": info.output_dim}
+        elif manifest.labels or manifest.family == "classifier":
+            labels = manifest.labels or tuple(f"LABEL_{i}" for i in range(info.output_dim))
+            family = {"id2label": {str(i): label for i, label in enumerate(labels)}}
+        return FastJSONResponse(
+            {
+                "model_id": info.name,
+                "model_type": {manifest.family: family},
+                "family": manifest.family,
+                "max_input_length": repository.files(info.name).longest_row,
+                "max_client_batch_size": MAX_INPUTS,
+                "max_rows_per_request": info.max_rows,
+                "max_tokens_per_input": limits.max_tokens_per_input,
+                "max_tokens_per_request": limits.max_tokens_per_request,
+                "buckets": [b.length for b in manifest.buckets],
+                "max_batch_rows": manifest.max_batch,
+                "truncate_default": info.truncate_default,
+                "prompts": sorted(manifest.prompts),
+                "engine": manifest.engine_kind,
+                "precision": manifest.precision,
+                "version": project_version(),
+            }
+        )
 
     async def models(request: Request) -> Response:
         ready = await backend.ready_models()
@@ -184,6 +305,10 @@ def create_app(backend: TritonBackend, limits: InputLimits | None = None) -> Sta
         routes=[
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/rerank", rerank, methods=["POST"]),
+            Route("/v1/classify", classify, methods=["POST"]),
+            Route("/v1/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/decode", decode, methods=["POST"]),
+            Route("/v1/info", model_info, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

@@ -24,11 +24,13 @@ from python_backend.contract import (
     REQUEST_INPUTS,
     TOO_LONG_ROW,
 )
+from python_backend.settings import settings_from_parameters
 
 T = TypeVar("T")
 
 EMBEDDING_OUTPUT = FAMILY_OUTPUTS["embedding"]
 SCORE_OUTPUT = FAMILY_OUTPUTS["reranker"]
+LOGITS_OUTPUT = FAMILY_OUTPUTS["classifier"]
 # a model config parameter: the vector sizes `dimensions` may ask for (comma-separated), for
 # models trained to be shortened (Matryoshka); without it, `dimensions` is refused
 DIMENSIONS_PARAMETER = "matryoshka_dimensions"
@@ -42,6 +44,7 @@ class ModelInfo:
     max_rows: int  # rows one request takes (the config's max_batch_size)
     dimensions: tuple[int, ...]  # sizes `dimensions` may ask for; empty: none
     created: int  # when the adapter first saw it (OpenAI's `created`)
+    truncate_default: bool = True  # what the model does with rows over its limit by default
 
     @property
     def embeds(self) -> bool:
@@ -59,6 +62,7 @@ def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
         max_rows=int(config.get("max_batch_size") or 1),
         dimensions=dimensions,
         created=created,
+        truncate_default=settings_from_parameters(config.get("parameters", {})).truncate_default,
     )
 
 

@@ -13,12 +13,13 @@ length and the limit); without either, the model's own default stands.
 from __future__ import annotations
 
 import base64
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from openai_api.errors import bad_request
+from openai_api.errors import OpenAIError, bad_request
 from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
@@ -77,9 +78,12 @@ def parse_truncation(body: dict[str, Any]) -> Truncation:
     nim = body.get("truncate")
     if nim is None:
         return Truncation(side=side)
+    if isinstance(nim, bool):  # TEI's form: cut (from truncation_side's end), or refuse
+        return Truncation(truncate=nim, side=side)
     if not isinstance(nim, str) or nim not in NIM_TRUNCATE:
         raise bad_request(
-            f"`truncate` must be one of {', '.join(NIM_TRUNCATE)}, got {str(nim)[:64]!r}",
+            f"`truncate` must be one of {', '.join(NIM_TRUNCATE)} (or true, false), got "
+            f"{str(nim)[:64]!r}",
             param="truncate",
         )
     if side is not None:
@@ -156,9 +160,10 @@ def _check_text_size(text: str, where: str, param: str, limits: InputLimits) -> 
             )
 
 
-def parse_embeddings(body: Any, limits: InputLimits | None = None) -> EmbeddingsQuery:
-    limits = limits or InputLimits()
-    model = _model(body)
+def parse_inputs(
+    body: dict[str, Any], limits: InputLimits
+) -> tuple[list[str] | None, list[list[int]] | None]:
+    """``input``: (texts, None) or (None, token-id rows), each checked against the caps."""
     raw = body.get("input")
     texts: list[str] | None = None
     token_rows: list[list[int]] | None = None
@@ -191,6 +196,13 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
             _check_text_size(text, f"input[{i}]", "input", limits)
     if token_rows is not None:
         _check_token_rows(token_rows, limits)
+    return texts, token_rows
+
+
+def parse_embeddings(body: Any, limits: InputLimits | None = None) -> EmbeddingsQuery:
+    limits = limits or InputLimits()
+    model = _model(body)
+    texts, token_rows = parse_inputs(body, limits)
     encoding = body.get("encoding_format", "float")
     if encoding is None:
         encoding = "float"
@@ -202,6 +214,19 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
     dimensions = body.get("dimensions")
     if dimensions is not None and (not _is_int(dimensions) or dimensions < 1):
         raise bad_request("`dimensions` must be a positive integer", param="dimensions")
+    return EmbeddingsQuery(
+        model,
+        texts,
+        token_rows,
+        encoding,
+        dimensions,
+        parse_prompt_name(body),
+        parse_truncation(body),
+    )
+
+
+def parse_prompt_name(body: dict[str, Any]) -> str | None:
+    """``prompt_name``, or NIM's ``input_type`` (one of them at most)."""
     prompt_name = body.get("prompt_name")
     if prompt_name is not None and (not isinstance(prompt_name, str) or not prompt_name):
         raise bad_request("`prompt_name` must be the name of a prompt", param="prompt_name")
@@ -215,9 +240,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         if prompt_name is not None:
             raise bad_request("send `prompt_name` or `input_type`, not both", param="input_type")
         prompt_name = INPUT_TYPES[input_type]
-    return EmbeddingsQuery(
-        model, texts, token_rows, encoding, dimensions, prompt_name, parse_truncation(body)
-    )
+    return prompt_name
 
 
 def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:
@@ -327,3 +350,148 @@ def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) 
         "results": results,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+# -- /v1/classify (vLLM's shape) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassifyQuery:
+    model: str
+    texts: list[str] | None
+    token_rows: list[list[int]] | None
+    truncation: Truncation = MODEL_DEFAULT
+
+
+def parse_classify(body: Any, limits: InputLimits | None = None) -> ClassifyQuery:
+    limits = limits or InputLimits()
+    model = _model(body)
+    texts, token_rows = parse_inputs(body, limits)
+    return ClassifyQuery(model, texts, token_rows, parse_truncation(body))
+
+
+def classify_response(
+    model: str, logits: np.ndarray, labels: tuple[str, ...], prompt_tokens: int, created: int
+) -> dict[str, Any]:
+    """Each input's class probabilities (the softmax of its logits) and its most likely class,
+    named as the model names its classes (``LABEL_i`` where it names none)."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    probs = z / z.sum(axis=1, keepdims=True)
+    data = []
+    for i, row in enumerate(probs):
+        best = int(np.argmax(row))
+        data.append(
+            {
+                "index": i,
+                "label": labels[best] if best < len(labels) else f"LABEL_{best}",
+                "probs": [float(p) for p in row],
+                "num_classes": len(row),
+            }
+        )
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": data,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
+    }
+
+
+# -- /v1/tokenize, /v1/decode (TEI's shapes, with this project's `model`) ------------------------
+
+
+@dataclass(frozen=True)
+class TokenizeQuery:
+    model: str
+    texts: list[str]
+    add_special_tokens: bool
+    prompt_name: str | None
+    truncation: Truncation
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"`{name}` must be true or false", param=name)
+    return value
+
+
+def parse_tokenize(body: Any, limits: InputLimits | None = None) -> TokenizeQuery:
+    limits = limits or InputLimits()
+    model = _model(body)
+    raw = body.get("inputs")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise bad_request(
+            "`inputs` must be a string or a non-empty list of strings", param="inputs"
+        )
+    if len(texts) > MAX_INPUTS:
+        raise bad_request(f"`inputs` has {len(texts)} items; at most {MAX_INPUTS}", param="inputs")
+    for i, text in enumerate(texts):
+        _check_text_size(text, f"inputs[{i}]", "inputs", limits)
+    return TokenizeQuery(
+        model,
+        list(texts),
+        _flag(body, "add_special_tokens", True),
+        parse_prompt_name(body),
+        parse_truncation(body),
+    )
+
+
+def tokens_response(rows: list[Any], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    """TEI's tokenize answer: per input, its tokens (``TokenSpans``), each with its id, text,
+    whether it is special, and its characters in the input (``start``, ``stop``; null for
+    special tokens and the prompt's)."""
+    out = []
+    for row in rows:
+        tokens = []
+        for token_id, text, special, span in zip(
+            row.ids, row.tokens, row.special, row.spans, strict=True
+        ):
+            if special and not add_special_tokens:
+                continue
+            start, stop = span if span is not None else (None, None)
+            tokens.append(
+                {"id": token_id, "text": text, "special": special, "start": start, "stop": stop}
+            )
+        out.append(tokens)
+    return out
+
+
+@dataclass(frozen=True)
+class DecodeQuery:
+    model: str
+    rows: list[list[int]]
+    skip_special_tokens: bool
+
+
+def parse_decode(body: Any, limits: InputLimits | None = None) -> DecodeQuery:
+    limits = limits or InputLimits()
+    model = _model(body)
+    raw = body.get("ids")
+    if isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
+        rows = [list(raw)]
+    elif (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(r, list) and r and all(_is_int(t) for t in r) for r in raw)
+    ):
+        rows = [list(r) for r in raw]
+    else:
+        raise bad_request(
+            "`ids` must be a non-empty list of token ids, or a list of such lists", param="ids"
+        )
+    if len(rows) > MAX_INPUTS:
+        raise bad_request(f"`ids` has {len(rows)} rows; at most {MAX_INPUTS}", param="ids")
+    try:
+        _check_token_rows(rows, limits)
+    except OpenAIError as err:
+        raise bad_request(err.message.replace("`input", "`ids"), param="ids") from None
+    return DecodeQuery(model, rows, _flag(body, "skip_special_tokens", True))

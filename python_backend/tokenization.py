@@ -12,6 +12,7 @@ the right, the tokenizer's own truncation already keeps the prompt at the start)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,18 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from python_backend.contract import pack_token_types
+
+
+@dataclass(frozen=True)
+class TokenSpans:
+    """One row's tokens as the model counts them, with what each is: its id, its text, whether
+    it is a special token, and the characters of the input it came from (None for special
+    tokens and for the prompt's, which are not in the input)."""
+
+    ids: list[int]
+    tokens: list[str]
+    special: list[bool]
+    spans: list[tuple[int, int] | None]
 
 
 class TextTokenizer:
@@ -57,19 +70,58 @@ class TextTokenizer:
             for e in tokenizer.encode_batch(list(zip(texts, pairs, strict=True)))
         ]
 
-    def _cut_text_tokens(self, encoding: Any, prompt_chars: int, side: str) -> np.ndarray:
-        """The encoding's ids within ``max_length``: special tokens and the prompt's tokens
-        (those starting in its first ``prompt_chars`` characters) kept, text tokens cut from
-        ``side``."""
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        if len(ids) <= self.max_length:
-            return ids
+    def spans(
+        self, texts: list[str], truncate: bool, side: str = "right", prompt: str = ""
+    ) -> list[TokenSpans]:
+        """Each text's tokens with ``prompt`` before it, cut as ``encode`` cuts them (the ids are
+        ``encode``'s), and where each token lies in the text (``/v1/tokenize``)."""
+        out = []
+        for encoding in self._whole.encode_batch([prompt + t for t in texts]):
+            keep = np.ones(len(encoding.ids), dtype=bool)
+            if truncate:
+                keep = self._kept(encoding, len(prompt), side)
+            special = np.asarray(encoding.special_tokens_mask, dtype=bool)
+            kept = np.flatnonzero(keep)
+            out.append(
+                TokenSpans(
+                    ids=[int(encoding.ids[i]) for i in kept],
+                    tokens=[str(encoding.tokens[i]) for i in kept],
+                    special=[bool(special[i]) for i in kept],
+                    spans=[
+                        None
+                        if special[i] or encoding.offsets[i][0] < len(prompt)
+                        else (
+                            encoding.offsets[i][0] - len(prompt),
+                            encoding.offsets[i][1] - len(prompt),
+                        )
+                        for i in kept
+                    ],
+                )
+            )
+        return out
+
+    def decode(self, rows: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """The text of each row of token ids."""
+        return list(self._whole.decode_batch(rows, skip_special_tokens=skip_special_tokens))
+
+    def _kept(self, encoding: Any, prompt_chars: int, side: str) -> np.ndarray:
+        """Which of the encoding's tokens a row within ``max_length`` keeps: every special token
+        and the prompt's (those starting in its first ``prompt_chars`` characters), and as many
+        text tokens as fit, from the end away from ``side``."""
+        count = len(encoding.ids)
+        if count <= self.max_length:
+            return np.ones(count, dtype=bool)
         special = np.asarray(encoding.special_tokens_mask, dtype=bool)
         starts = np.asarray([start for start, _ in encoding.offsets])
         kept = special | (starts < prompt_chars)
         budget = self.max_length - int(kept.sum())
         if budget <= 0:  # the prompt alone fills the row: cut as the tokenizer would
-            return ids[: self.max_length]
+            return np.arange(count) < self.max_length
         text = np.flatnonzero(~kept)
         kept[text[-budget:] if side == "left" else text[:budget]] = True
-        return ids[kept]
+        return kept
+
+    def _cut_text_tokens(self, encoding: Any, prompt_chars: int, side: str) -> np.ndarray:
+        """The encoding's ids within ``max_length`` (``_kept``)."""
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        return ids[self._kept(encoding, prompt_chars, side)]

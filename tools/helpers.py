@@ -60,10 +60,19 @@ class HelperProcess:
             self.process.wait()
 
 
-def openai_adapter(triton_grpc: str, port: int, models: list[str], log_path: Path) -> HelperProcess:
-    """The OpenAI-compatible adapter on loopback ``port``, talking to Triton's gRPC port."""
+def openai_adapter(
+    triton_grpc: str,
+    port: int,
+    models: list[str],
+    log_path: Path,
+    repository: Path | None = None,
+) -> HelperProcess:
+    """The OpenAI-compatible adapter on loopback ``port``, talking to Triton's gRPC port, and
+    reading the models' own files from ``repository`` (tokenize, decode, info, class names)."""
     command = [sys.executable, "-m", "openai_api", f"--listen=127.0.0.1:{port}"]
     command += [f"--triton-grpc={triton_grpc}", *(f"--model={m}" for m in models)]
+    if repository is not None:
+        command.append(f"--repository={repository}")
     return HelperProcess("the OpenAI adapter", command, f"http://127.0.0.1:{port}/health", log_path)
 
 

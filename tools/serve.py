@@ -464,7 +464,13 @@ class Launcher:
         triton_http = f"127.0.0.1:{s.triton_http_port}"
         triton_grpc = f"127.0.0.1:{s.triton_grpc_port}"
         return [
-            openai_adapter(triton_grpc, s.openai_port, s.models, s.state_dir / "openai.log"),
+            openai_adapter(
+                triton_grpc,
+                s.openai_port,
+                s.models,
+                s.state_dir / "openai.log",
+                s.repository.resolve(),
+            ),
             body_check(
                 triton_http,
                 triton_grpc,

@@ -164,7 +164,7 @@ def stack(repository, tmp_path_factory):
         repository,
         tmp_path_factory.mktemp("stack"),
         {"API_KEY": API_KEY},
-        models=("minilm", "minilm_matryoshka", "minilm_prompts", "reranker"),
+        models=("minilm", "minilm_matryoshka", "minilm_prompts", "reranker", "classifier"),
     )
     _LOGS.append(own.log_path)
     own.start()

@@ -65,7 +65,7 @@ def test_every_input_form_openai_accepts_is_parsed():
             "not both",
         ),
         ({"model": "m", "input": "a", "truncate": "end"}, "truncate", "END, START, NONE"),
-        ({"model": "m", "input": "a", "truncate": True}, "truncate", "END, START, NONE"),
+        ({"model": "m", "input": "a", "truncate": 1}, "truncate", "END, START, NONE"),
         ({"model": "m", "input": "a", "truncate": "X" * 10**6}, "truncate", "END, START"),
         ({"model": "m", "input": "a", "truncation_side": "up"}, "truncation_side", "right, left"),
         ({"model": "m", "input": "a", "truncation_side": 0}, "truncation_side", "right, left"),
@@ -93,6 +93,11 @@ def test_a_bad_request_is_a_400_naming_the_field(body, param, words):
         ({"truncate": "START"}, {"truncate": True, "truncation_side": "left"}),
         ({"truncate": "END"}, {"truncate": True, "truncation_side": "right"}),
         ({"truncate": "NONE"}, {"truncate": False}),
+        ({"truncate": False}, {"truncate": False}),  # TEI's form
+        (
+            {"truncate": True, "truncation_side": "left"},
+            {"truncate": True, "truncation_side": "left"},
+        ),
     ],
 )
 def test_truncation_fields_become_the_models_parameters(fields, parameters):

@@ -1,0 +1,162 @@
+"""The routes clients use around embeddings, through the front door with the API key:
+``/v1/tokenize`` counts tokens exactly as the model does (prompts, truncation side),
+``/v1/decode`` turns ids back into text, ``/v1/info`` states the model's limits, and
+``/v1/classify`` answers a classifier's probabilities in vLLM's shape. Every new field of the
+wrong type is a 400 naming it, and the server is still right afterwards."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from python_backend.manifest import load_manifest
+from testkit.triton_clients import client, text_inputs
+from tests.e2e.stack import API_KEY
+
+LONG = " ".join(f"word{i}" for i in range(400))  # past MiniLM's 256 tokens
+HEADERS = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+
+
+def call(stack, path: str, body: dict | None = None) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{stack.http_port}{path}", data=data, headers=HEADERS
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def ok(stack, path: str, body: dict | None = None):
+    status, answer = call(stack, path, body)
+    assert status == 200, answer
+    return answer
+
+
+def embed(stack, model: str, inputs, **fields) -> tuple[np.ndarray, int]:
+    answer = ok(
+        stack,
+        "/v1/embeddings",
+        {"model": model, "input": inputs, "encoding_format": "float", **fields},
+    )
+    vectors = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+    return vectors, answer["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [
+        ("minilm", {}),
+        ("minilm", {"truncation_side": "left"}),
+        ("minilm_prompts", {"prompt_name": "query"}),
+        ("minilm_prompts", {"prompt_name": "query", "truncation_side": "left"}),
+    ],
+)
+def test_tokenize_counts_exactly_the_tokens_the_model_runs(stack, model, fields):
+    texts = ["Hello world", LONG]
+    rows = ok(stack, "/v1/tokenize", {"model": model, "inputs": texts, **fields})
+    ids = [[t["id"] for t in row] for row in rows]
+    # usage: the model's own count of the same request
+    vectors, tokens = embed(stack, model, texts, **fields)
+    assert sum(len(r) for r in ids) == tokens and len(ids[1]) == 256
+    # and the very ids: sent back as token ids (taken as already prompted), the same vectors
+    from_ids, _ = embed(stack, model, ids)
+    assert np.abs(from_ids - vectors).max() <= 1e-6
+    hello = rows[0]
+    if "prompt_name" not in fields:
+        assert [t["text"] for t in hello] == ["[CLS]", "hello", "world", "[SEP]"]
+        assert [(t["start"], t["stop"]) for t in hello[1:3]] == [(0, 5), (6, 11)]
+    assert hello[0]["special"] and hello[-1]["special"] and hello[0]["start"] is None
+
+
+def test_tokenize_without_special_tokens_and_without_truncation(stack):
+    rows = ok(
+        stack,
+        "/v1/tokenize",
+        {"model": "minilm", "inputs": LONG, "add_special_tokens": False, "truncate": False},
+    )
+    assert len(rows) == 1 and len(rows[0]) > 256
+    assert not any(t["special"] for t in rows[0])
+    first = rows[0][0]  # "word0" is "word", "##0"
+    assert (first["start"], first["stop"]) == (0, 4) and first["text"] == LONG[0:4] == "word"
+
+
+def test_decode_turns_ids_back_into_text(stack):
+    rows = ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": ["Hello world", "a b"]})
+    ids = [[t["id"] for t in row] for row in rows]
+    assert ok(stack, "/v1/decode", {"model": "minilm", "ids": ids}) == ["hello world", "a b"]
+    assert ok(stack, "/v1/decode", {"model": "minilm", "ids": ids[0]}) == ["hello world"]
+    raw = ok(stack, "/v1/decode", {"model": "minilm", "ids": ids[0], "skip_special_tokens": False})
+    assert raw == ["[CLS] hello world [SEP]"]
+
+
+def test_info_states_the_models_limits(stack):
+    info = ok(stack, "/v1/info?model=minilm")
+    manifest = load_manifest(stack.repository / "minilm" / "1")
+    assert info["model_id"] == "minilm" and info["family"] == "embedding"
+    assert info["model_type"] == {"embedding": {"pooling": "mean", "dimension": 384}}
+    assert info["max_input_length"] == manifest.max_length == 256
+    assert info["buckets"] == [b.length for b in manifest.buckets]
+    assert info["max_rows_per_request"] == 64 and info["max_client_batch_size"] == 2048
+    assert info["max_tokens_per_input"] == 8192 and info["version"]
+    classes = ok(stack, "/v1/info?model=classifier")["model_type"]["classifier"]["id2label"]
+    assert classes == {"0": "negative", "1": "neutral", "2": "positive"}
+    status, answer = call(stack, "/v1/info")  # several models served: name one
+    assert status == 400 and answer["error"]["param"] == "model"
+    assert call(stack, "/v1/info?model=nope")[0] == 404
+
+
+def test_classify_answers_probabilities_and_the_likeliest_class(stack):
+    texts = ["what a lovely day", "this is terrible", "the meeting is at noon"]
+    answer = ok(stack, "/v1/classify", {"model": "classifier", "input": texts})
+    result = client(stack, "http").infer("classifier", text_inputs("http", texts), headers=HEADERS)
+    logits, tokens = result.as_numpy("LOGITS"), result.as_numpy("NUM_TOKENS")
+    expected = np.exp(logits - logits.max(axis=1, keepdims=True))
+    expected /= expected.sum(axis=1, keepdims=True)
+    names = ("negative", "neutral", "positive")
+    assert [d["index"] for d in answer["data"]] == [0, 1, 2]
+    for d, want in zip(answer["data"], expected, strict=True):
+        assert d["num_classes"] == 3 and np.abs(np.array(d["probs"]) - want).max() <= 1e-6
+        assert d["label"] == names[int(np.argmax(want))]
+    assert answer["usage"]["prompt_tokens"] == int(tokens.sum())
+    assert answer["object"] == "list" and answer["id"].startswith("classify-")
+    status, refused = call(stack, "/v1/classify", {"model": "minilm", "input": "x"})
+    assert status == 400 and refused["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/tokenize", {"model": "minilm", "inputs": 5}, "inputs"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": []}, "inputs"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": ["a"] * 2049}, "inputs"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": "é" * 140_000}, "inputs"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": "a", "truncation_side": "up"}, "truncation_side"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": "a", "truncate": "sideways"}, "truncate"),
+        ("/v1/tokenize", {"model": "minilm", "inputs": "a", "prompt_name": "summary"}, "prompt_name"),
+        ("/v1/tokenize", {"inputs": "a"}, "model"),
+        ("/v1/decode", {"model": "minilm", "ids": "101"}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [[101], []]}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [101, 2**40]}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [101, 30522]}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [-1]}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [[1] * 8193]}, "ids"),
+        ("/v1/decode", {"model": "minilm", "ids": [1], "skip_special_tokens": 1}, "skip_special_tokens"),
+        ("/v1/classify", {"model": "classifier", "input": {"text": "a"}}, "input"),
+        ("/v1/classify", {"model": "classifier", "input": [[1], [2**63]]}, "input"),
+        ("/v1/classify", {"model": "classifier", "input": "a", "truncate": []}, "truncate"),
+    ],
+)  # fmt: skip
+def test_every_new_field_of_the_wrong_kind_is_a_400_naming_it(stack, path, body, param):
+    status, answer = call(stack, path, body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == param and answer["error"]["message"]
+    # and the server still answers right
+    assert len(ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": "still here"})[0]) == 4
