@@ -34,6 +34,19 @@ def never_raises(method: F) -> F:
 # forwards and when it wakes idle (every 0.25 s)
 FLUSH_INTERVAL_S = 0.25
 LATENCY_BUCKETS_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+# where a request's time went, one histogram each, per model and instance (TEI's te_request_*):
+# the model's own queue (Triton's queue metric never sees it), tokenizing it, computing it (its
+# first forward's start to its last row), and the whole request (decoding to its answer)
+STAGES = {
+    "queue": "planner_request_queue_seconds",
+    "tokenization": "planner_request_tokenization_seconds",
+    "inference": "planner_request_inference_seconds",
+    "total": "planner_request_seconds",
+}
+STAGE_BUCKETS_S = [
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+    5.0, 10.0, 30.0,
+]  # fmt: skip
 
 
 class TritonMetrics(SchedulerMetrics):
@@ -49,6 +62,7 @@ class TritonMetrics(SchedulerMetrics):
         # (what, label) -> amount pending; plan costs are fractional token-units, hence float
         self._counts: defaultdict[tuple[str, str | int | None], float] = defaultdict(float)
         self._latencies: list[tuple[int, float]] = []  # (bucket, seconds) pending
+        self._stage_times: list[tuple[str, float]] = []  # (stage, seconds) pending
         self._queue_rows: int | None = None  # latest queue depth, pending
         self._last_flush = time.monotonic()
         self._model = model_name
@@ -100,6 +114,19 @@ class TritonMetrics(SchedulerMetrics):
                 description="Forward latency in seconds",
                 kind=histogram_kind,
             )
+        self._stages: dict[str, Any] = {}
+        self._stage_families = []
+        if histogram_kind is not None:
+            for stage, name in STAGES.items():
+                family = mf(
+                    name=name,
+                    description=f"Seconds of a request's {stage}"
+                    if stage != "total"
+                    else "Seconds of a request, from decoding it to its answer",
+                    kind=histogram_kind,
+                )
+                self._stage_families.append(family)
+                self._stages[stage] = family.Metric(labels=base, buckets=STAGE_BUCKETS_S)
         self._by_bucket: dict[int, tuple[Any, Any, Any]] = {}
         self._by_reason: dict[str, Any] = {}
 
@@ -152,6 +179,16 @@ class TritonMetrics(SchedulerMetrics):
         with self._lock:
             self._counts[("split", None)] += 1
 
+    def answered(self, queue_s: float, inference_s: float) -> None:
+        with self._lock:
+            self._stage_times.append(("queue", queue_s))
+            self._stage_times.append(("inference", inference_s))
+
+    def request_stage(self, stage: str, seconds: float) -> None:
+        """Where the model glue times a request: its tokenization, the whole of it."""
+        with self._lock:
+            self._stage_times.append((stage, seconds))
+
     def flush_if_due(self) -> None:
         if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
@@ -162,6 +199,7 @@ class TritonMetrics(SchedulerMetrics):
         with self._lock:
             counts, self._counts = self._counts, defaultdict(float)
             latencies, self._latencies = self._latencies, []
+            stage_times, self._stage_times = self._stage_times, []
             queue_rows, self._queue_rows = self._queue_rows, None
             self._last_flush = time.monotonic()
         for (kind, key), amount in counts.items():
@@ -180,6 +218,10 @@ class TritonMetrics(SchedulerMetrics):
             latency = self._bucket(padded_length)[2]
             if latency is not None:
                 latency.observe(seconds)
+        for stage, seconds in stage_times:
+            metric = self._stages.get(stage)
+            if metric is not None:
+                metric.observe(seconds)
         if queue_rows is not None:
             self._queue.set(queue_rows)
 

@@ -69,6 +69,8 @@ class Answer:
 
     outputs: np.ndarray  # [rows, D] float32, row i for the request's row i
     num_tokens: np.ndarray  # [rows] int32: tokens each row ran with
+    queue_s: float = 0.0  # from its arrival to its first forward's start
+    inference_s: float = 0.0  # from its first forward's start to its last row computed
 
 
 Outcome = Answer | ServeError
@@ -99,6 +101,7 @@ class Admitted:
     arrived_at: float  # clock time of submit: the request's age is now - arrived_at
     outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
     remaining: int = 0  # rows still to compute
+    started_at: float | None = None  # clock time its first forward started
     done: bool = False  # answered (either way)
     # row i computed: 1; None while none is (a step cut short queues the rest again)
     computed: bytearray | None = None
@@ -204,6 +207,9 @@ class SchedulerMetrics:
     def refused(self, reason: Reason) -> None: ...
 
     def split(self, padded_length: int, rows: int) -> None: ...
+
+    def answered(self, queue_s: float, inference_s: float) -> None:
+        """A request answered with its outputs: how long it queued, how long it computed."""
 
     def flush_if_due(self) -> None:
         """Publishes what was recorded, if it has waited long enough (between forwards, idle)."""
@@ -389,6 +395,10 @@ class Scheduler:
         if not forward.rows:
             return
         started = time.perf_counter()
+        now = self.clock()
+        for row in forward.rows:
+            if row.owner.started_at is None:
+                row.owner.started_at = now
         try:
             outputs = self.execute(forward)
         except Exception as err:
@@ -422,7 +432,10 @@ class Scheduler:
             owner.remaining -= 1
             if owner.remaining == 0:
                 tokens = np.fromiter(map(len, owner.request.rows), np.int32)
-                self._finish(owner, Answer(owner.outputs, tokens))
+                started = owner.started_at if owner.started_at is not None else owner.arrived_at
+                queue_s, inference_s = started - owner.arrived_at, self.clock() - started
+                self.metrics.answered(queue_s, inference_s)
+                self._finish(owner, Answer(owner.outputs, tokens, queue_s, inference_s))
 
     # -- the serving thread: a loop around step -------------------------------------------------
 

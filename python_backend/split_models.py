@@ -16,6 +16,7 @@ ready. docs/ARCHITECTURE.md says who owns what and what happens when either dies
 from __future__ import annotations
 
 import os
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from python_backend.queue_owner import (
     owner_endpoint,
     record_failure,
 )
-from python_backend.scheduler import Outcome
+from python_backend.scheduler import Answer, Outcome
 from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
     EngineHost,
@@ -101,16 +102,18 @@ class FrontModel:
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
+        started = time.monotonic()
         rows, timeout_s, client = self.decoder.decode(request)
+        self.metrics.request_stage("tokenization", time.monotonic() - started)
         self.client.submit(
             rows,
-            partial(self._respond, sender),
+            partial(self._respond, sender, started),
             timeout_s,
             is_cancelled=request.is_cancelled,
             client=client,
         )
 
-    def _respond(self, sender: Any, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, started: float, outcome: Outcome) -> None:
         if (
             isinstance(outcome, ServeError)
             and outcome.reason is Reason.OWNER_LOST
@@ -118,6 +121,8 @@ class FrontModel:
         ):
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
         _send_final(sender, answer_response(self.output_name, outcome))
+        if isinstance(outcome, Answer):
+            self.metrics.request_stage("total", time.monotonic() - started)
 
     def is_model_ready(self) -> bool:
         """Triton's readiness probe, where Triton asks it (later releases than 2.51): a front

@@ -285,17 +285,21 @@ class TritonPythonModel(EngineHost):
         self.scheduler.submit(self._decode(request, sender))
 
     def _decode(self, request: Any, sender: Any) -> Request:
+        started = time.monotonic()
         rows, timeout_s, client = self.decoder.decode(request)
+        self.metrics.request_stage("tokenization", time.monotonic() - started)
         return Request(
             rows=rows,
-            respond=partial(self._respond, sender),
+            respond=partial(self._respond, sender, started),
             deadline=None if timeout_s is None else time.monotonic() + timeout_s,
             is_cancelled=request.is_cancelled,
             client=client,
         )
 
-    def _respond(self, sender: Any, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, started: float, outcome: Outcome) -> None:
         _send_final(sender, answer_response(self.output_name, outcome))
+        if isinstance(outcome, Answer):
+            self.metrics.request_stage("total", time.monotonic() - started)
 
     def finalize(self) -> None:
         self.close_engine(self.scheduler.stop(SHUTDOWN_DRAIN_S))

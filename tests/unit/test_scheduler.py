@@ -445,3 +445,47 @@ def test_with_clients_sharing_a_step_the_lightest_clients_forward_runs_first():
     scheduler.submit(Request([np.arange(1, 40)], lambda o: order.append("light"), client="l"))
     scheduler.step()
     assert order[0] == "light" and sorted(map(str, order[1:])) == ["0", "1", "2", "3"]
+
+
+class ClockedEngine(FakeChecksumEngine):
+    """Each forward takes 0.5 s of the injected clock."""
+
+    def __init__(self, now: list[float]) -> None:
+        super().__init__(layout())
+        self.now = now
+
+    def run(self, input_ids, attention_mask):
+        self.now[0] += 0.5
+        return super().run(input_ids, attention_mask)
+
+
+class StageRecorder:
+    def __init__(self) -> None:
+        self.answered_times: list[tuple[float, float]] = []
+
+    def answered(self, queue_s: float, inference_s: float) -> None:
+        self.answered_times.append((queue_s, inference_s))
+
+    def __getattr__(self, name):  # every other metric: ignored
+        return lambda *args: None
+
+
+def test_an_answer_says_how_long_it_queued_and_how_long_it_computed():
+    """Queue: arrival to its first forward's start; inference: that start to its last row."""
+    now = [100.0]
+    engine = ClockedEngine(now)
+    recorder = StageRecorder()
+    # max_batch 8: twelve rows of one length take two forwards
+    scheduler = scheduler_for(engine, clock=lambda: now[0], metrics=recorder)
+    answers = Answers()
+    scheduler.submit(Request([np.arange(1, 4)] * 12, answers.responder(0)))  # at 100.0
+    now[0] = 101.0
+    scheduler.submit(Request([np.arange(1, 4)], answers.responder(1)))  # at 101.0
+    now[0] = 102.0
+    scheduler.step()
+    assert sorted(answers.by_request) == [0, 1]
+    # the first starts at 102.0 and needs both forwards (done at 103.0); the second's one row
+    # runs in one of them (102.0 to 102.5, or 102.5 to 103.0, by where the plan put it)
+    (q0, i0), (q1, i1) = sorted(recorder.answered_times, key=lambda t: -t[0])
+    assert (q0, i0) == (2.0, 1.0)
+    assert q1 in (1.0, 1.5) and i1 == 0.5
