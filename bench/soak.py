@@ -158,14 +158,14 @@ def run_soak(
 
 def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
     from builder.build import default_model_dir
-    from builder.families import load_model, run_rows_alone
+    from builder.families import load_model, run_rows_served
     from python_backend.tokenization import TextTokenizer
 
     model_dir = default_model_dir()
     if model_dir is None:
         raise BenchError("the reference model is not installed: run `make setup`")
     rows = TextTokenizer(model_dir / "tokenizer.json", 256).encode(texts, truncate=True)
-    return dict(enumerate(run_rows_alone(load_model(model_dir), rows)))
+    return dict(enumerate(run_rows_served(load_model(model_dir), rows)))
 
 
 def report(result: SoakResult, clients: int) -> str:

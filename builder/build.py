@@ -197,6 +197,7 @@ def build(spec: BuildSpec) -> BuildResult:
         default_prompt_name=model.default_prompt_name,
         labels=model.labels,
         input_names=model.input_names,
+        normalize=model.normalize,
     )
     if spec.calibration_repeats:
         with progress("calibrate cost model"):

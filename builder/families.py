@@ -59,6 +59,8 @@ class LoadedModel:
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names, in output order (id2label)
     input_names: tuple[str, ...] = ENGINE_INPUTS  # the graph's inputs (pair models: three)
+    # the pipeline ends in Normalize: the server applies it (the graph returns pooled vectors)
+    normalize: bool = False
 
 
 # the sentence-transformers modules an exported graph reproduces, by their class name
@@ -238,6 +240,16 @@ def run_rows_alone(model: LoadedModel, rows: list[np.ndarray]) -> np.ndarray:
     return np.stack(outputs)
 
 
+def run_rows_served(model: LoadedModel, rows: list[np.ndarray]) -> np.ndarray:
+    """``run_rows_alone``, then what the server does by default after the graph: an embedding
+    model whose pipeline ends in Normalize answers unit vectors. The reference served outputs
+    are checked against."""
+    outputs = run_rows_alone(model, rows)
+    if model.normalize:
+        outputs = outputs / np.linalg.norm(outputs, axis=1, keepdims=True)
+    return outputs
+
+
 # -- the family table ---------------------------------------------------------------------------
 # A family is one record: how it is detected, how the model is wrapped (module, output size and
 # what the manifest records), and, from the contract, its output name and graph inputs. Its
@@ -311,10 +323,11 @@ def wrap_embedding(model_dir: Path, config: Any, score_token_ids: list[int] | No
 
     pipeline = embedding_pipeline(model_dir)
     prompts, default_prompt = sentence_transformers_prompts(model_dir)
+    # Normalize stays out of the graph: the server applies it, unless a request says otherwise
     module = EmbeddingHead(
         AutoModel.from_pretrained(model_dir, **LOAD_KWARGS),
         pipeline.pooling,
-        pipeline.normalize,
+        False,
         pipeline.after_pooling,
     )
     describe = {
@@ -415,6 +428,7 @@ def load_model(
         default_prompt_name=wrapped.default_prompt_name,
         labels=wrapped.labels,
         input_names=record.input_names,
+        normalize=bool(wrapped.describe.get("normalize", False)),
     )
 
 

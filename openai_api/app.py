@@ -135,10 +135,18 @@ def create_app(
                 query.prompt_name,
                 client_of(request),
                 query.truncation,
+                query.normalize,
             ),
         )
         if query.dimensions is not None and query.dimensions != info.output_dim:
-            vectors = shorten(vectors, query.dimensions)
+            normalized = query.normalize
+            if normalized is None:  # the model's default: its manifest's
+                normalized = (
+                    repository.files(info.name).manifest.normalize
+                    if repository.root is not None
+                    else True
+                )
+            vectors = shorten(vectors, query.dimensions, normalized)
         return FastJSONResponse(
             embeddings_response(query.model, vectors, query.encoding_format, tokens)
         )

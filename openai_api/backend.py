@@ -139,10 +139,13 @@ class TritonBackend:
         prompt_name: str | None = None,
         client: str = "",
         truncation: Truncation = MODEL_DEFAULT,
+        normalize: bool | None = None,
     ) -> tuple[np.ndarray, int]:
         """[inputs, D] float32 in input order, and the tokens the model ran (prompts included).
         ``client``: who sent it, as the front door named them (the model's queue shares)."""
         parameters = truncation.parameters()
+        if normalize is not None:
+            parameters["normalize"] = normalize
         if prompt_name is not None:
             parameters["prompt_name"] = prompt_name
         items: list[Any] = texts if texts is not None else list(token_rows or [])

@@ -105,7 +105,8 @@ class EmbeddingsQuery:
     encoding_format: str
     dimensions: int | None
     prompt_name: str | None = None  # one of the model's prompts, prepended to each text
-    truncation: Truncation = Truncation()
+    truncation: Truncation = MODEL_DEFAULT
+    normalize: bool | None = None  # unit vectors or the pooled ones; None: the model's default
 
     @property
     def count(self) -> int:
@@ -214,6 +215,9 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
     dimensions = body.get("dimensions")
     if dimensions is not None and (not _is_int(dimensions) or dimensions < 1):
         raise bad_request("`dimensions` must be a positive integer", param="dimensions")
+    normalize = body.get("normalize")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise bad_request("`normalize` must be true or false", param="normalize")
     return EmbeddingsQuery(
         model,
         texts,
@@ -222,6 +226,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         dimensions,
         parse_prompt_name(body),
         parse_truncation(body),
+        normalize,
     )
 
 
@@ -243,9 +248,12 @@ def parse_prompt_name(body: dict[str, Any]) -> str | None:
     return prompt_name
 
 
-def shorten(vectors: np.ndarray, dimensions: int) -> np.ndarray:
-    """The first ``dimensions`` of each vector, scaled back to unit length (Matryoshka)."""
+def shorten(vectors: np.ndarray, dimensions: int, normalized: bool = True) -> np.ndarray:
+    """The first ``dimensions`` of each vector (Matryoshka), scaled back to unit length where
+    the vectors were unit vectors."""
     head = vectors[:, :dimensions].astype(np.float32, copy=True)
+    if not normalized:
+        return head
     norms = np.linalg.norm(head, axis=1, keepdims=True)
     return head / np.maximum(norms, 1e-12)
 
@@ -287,7 +295,7 @@ class RerankQuery:
     top_n: int | None
     return_documents: bool
     raw_scores: bool
-    truncation: Truncation = Truncation()
+    truncation: Truncation = MODEL_DEFAULT
 
 
 def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:

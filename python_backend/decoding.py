@@ -44,6 +44,7 @@ class RequestOptions:
     prompt_name: str | None = None  # a prompt of the model's, prepended to each text row
     client: str = ""  # who sent it (CLIENT_PARAMETER): the queue is shared between clients
     truncation_side: str = "right"  # which end of an over-long row is cut (TRUNCATION_SIDES)
+    normalize: bool | None = None  # embeddings at unit length, or not; None: the model's default
 
 
 @dataclass(frozen=True)
@@ -108,13 +109,52 @@ def parse_options(
             f"parameter truncation_side must be one of {', '.join(TRUNCATION_SIDES)}, "
             f"got {str(side)[:64]!r}",
         )
+    normalize = parameters.get("normalize")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter normalize must be a bool (true or false), got {str(normalize)[:64]!r}",
+        )
     return RequestOptions(
         truncate=truncate,
         timeout_ms=int(timeout),
         prompt_name=prompt_name,
         client=client,
         truncation_side=side,
+        normalize=normalize,
     )
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """What a model does with ``normalize``: None for models that are not embedding models."""
+
+    default: bool | None = None  # the pipeline ends in Normalize (embedding models)
+    in_graph: bool = False  # a build before manifest format 3: Normalize is inside the graph
+
+    def applies(self, asked: bool | None) -> bool:
+        """Whether the server scales this request's vectors to unit length, or a ServeError."""
+        if asked is None:
+            return bool(self.default) and not self.in_graph
+        if self.default is None:
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                "parameter normalize is for embedding models; this model answers other outputs",
+            )
+        if self.in_graph and not asked:
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                "parameter normalize false: this build normalises inside its graph; rebuild the "
+                "model with `python -m builder build` to serve raw pooled vectors",
+            )
+        return asked and not self.in_graph
+
+
+def unit_length(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit L2 norm (a zero row stays zero), as sentence-transformers'
+    Normalize does."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
 
 
 def check_declared_shape(name: str, shape: Sequence[int], limits: Limits) -> int:

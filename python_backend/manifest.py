@@ -36,8 +36,8 @@ from python_backend.cost_models import (
 from python_backend.engine_profiles import EngineProfiles, engine_profiles
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 # each engine kind's files in the version folder
 ENGINE_FILES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
@@ -99,6 +99,11 @@ class Manifest:
     opt_rows_source: dict[str, Any] = field(default_factory=dict)
     # the graph's inputs, in order ([B, T] int64 each): a family with token types has three
     input_names: tuple[str, ...] = ENGINE_INPUTS
+    # embedding models whose pipeline ends in Normalize: the server scales each vector to unit
+    # length unless a request says otherwise (parameter normalize); the graph returns the pooled
+    # vector itself. Builds before format 3 normalised inside the graph (graph_normalizes)
+    normalize: bool = False
+    graph_normalizes: bool = False
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -262,6 +267,14 @@ def manifest_from_dict(data: Any) -> Manifest:
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise ManifestError("manifest field 'labels' must list class names")
     input_names = _input_names(data, version, family)
+    source = dict(data.get("source") or {})
+    if version < 3:  # Normalize was inside the graph, as the pipeline said (source)
+        normalize = graph_normalizes = family == "embedding" and bool(source.get("normalize"))
+    else:
+        normalize = _require(data, "normalize", bool)
+        graph_normalizes = bool(data.get("graph_normalizes", False))
+    if normalize and family != "embedding":
+        raise ManifestError("manifest field 'normalize' is for embedding models only")
     manifest = Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -285,7 +298,9 @@ def manifest_from_dict(data: Any) -> Manifest:
         long_rows=long_rows,
         opt_rows_source=dict(data.get("opt_rows_source") or {}),
         calibration=dict(data.get("calibration") or {}),
-        source=dict(data.get("source") or {}),
+        source=source,
+        normalize=normalize,
+        graph_normalizes=graph_normalizes,
         format_version=FORMAT_VERSION,
     )
     written = data.get("engine_profiles")

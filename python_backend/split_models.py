@@ -103,24 +103,24 @@ class FrontModel:
 
     def _admit(self, request: Any, sender: Any) -> None:
         started = time.monotonic()
-        rows, timeout_s, client = self.decoder.decode(request)
+        asked = self.decoder.decode(request)
         self.metrics.request_stage("tokenization", time.monotonic() - started)
         self.client.submit(
-            rows,
-            partial(self._respond, sender, started),
-            timeout_s,
+            asked.rows,
+            partial(self._respond, sender, started, asked.normalize),
+            asked.timeout_s,
             is_cancelled=request.is_cancelled,
-            client=client,
+            client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, started: float, normalize: bool, outcome: Outcome) -> None:
         if (
             isinstance(outcome, ServeError)
             and outcome.reason is Reason.OWNER_LOST
             and not isinstance(outcome, StalledDrop)  # the owner counted that one
         ):
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
-        _send_final(sender, answer_response(self.output_name, outcome))
+        _send_final(sender, answer_response(self.output_name, outcome, normalize))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - started)
 

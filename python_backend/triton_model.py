@@ -30,10 +30,12 @@ from python_backend.contract import (
 from python_backend.cost_models import CostModel, LinearCost
 from python_backend.decoding import (
     Limits,
+    Normalization,
     Prompts,
     check_declared_shape,
     decode_request,
     parse_options,
+    unit_length,
 )
 from python_backend.engines import open_engine
 from python_backend.engines.base import Engine
@@ -115,6 +117,17 @@ def parse_args(args: dict[str, str]) -> InstanceArgs:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A decoded request: its rows, how long it may wait (None: no deadline), who sent it, and
+    whether its answer is scaled to unit length."""
+
+    rows: list[Any]
+    timeout_s: float | None
+    client: str
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
 class RequestDecoder:
     """What turns a Triton request into token-id rows: the in-process model's and each front's."""
 
@@ -122,10 +135,10 @@ class RequestDecoder:
     tokenizer: TextTokenizer
     limits: Limits
     prompts: Prompts
+    normalization: Normalization
 
-    def decode(self, request: Any) -> tuple[list[Any], float | None, str]:
-        """(rows, seconds it may wait or None, its client) of one request, or a ServeError
-        saying why not."""
+    def decode(self, request: Any) -> Admission:
+        """What one request asks for, or a ServeError saying why not."""
         try:
             parameters = json.loads(request.parameters() or "{}")
         except json.JSONDecodeError:
@@ -143,9 +156,10 @@ class RequestDecoder:
                 # the declared shape first: nothing of a tensor is read or copied past a limit
                 check_declared_shape(name, tensor.shape(), self.limits)
                 inputs[name] = tensor.as_numpy()
+        normalize = self.normalization.applies(options.normalize)
         decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
         timeout_s = options.timeout_ms / 1000.0 if options.timeout_ms else None
-        return decoded.rows, timeout_s, options.client
+        return Admission(decoded.rows, timeout_s, options.client, normalize)
 
 
 def request_decoder(
@@ -158,6 +172,10 @@ def request_decoder(
             instance.max_rows_per_request, longest_row, manifest.vocab_size, manifest.takes_pairs
         ),
         prompts=Prompts(manifest.prompts, manifest.default_prompt_name),
+        normalization=Normalization(
+            manifest.normalize if manifest.family == "embedding" else None,
+            manifest.graph_normalizes,
+        ),
     )
 
 
@@ -187,12 +205,14 @@ def refusal(error: ServeError) -> Any:
     return _error_response(str(error), error.kind.triton_code)
 
 
-def answer_response(output_name: str, outcome: Outcome) -> Any:
-    """The Triton response of an outcome: its outputs and token counts, or its error."""
+def answer_response(output_name: str, outcome: Outcome, normalize: bool = False) -> Any:
+    """The Triton response of an outcome: its outputs (at unit length where ``normalize``) and
+    token counts, or its error."""
     if isinstance(outcome, Answer):
+        outputs = unit_length(outcome.outputs) if normalize else outcome.outputs
         return pb_utils.InferenceResponse(
             output_tensors=[
-                pb_utils.Tensor(output_name, outcome.outputs),
+                pb_utils.Tensor(output_name, outputs),
                 pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
             ]
         )
@@ -286,18 +306,18 @@ class TritonPythonModel(EngineHost):
 
     def _decode(self, request: Any, sender: Any) -> Request:
         started = time.monotonic()
-        rows, timeout_s, client = self.decoder.decode(request)
+        asked = self.decoder.decode(request)
         self.metrics.request_stage("tokenization", time.monotonic() - started)
         return Request(
-            rows=rows,
-            respond=partial(self._respond, sender, started),
-            deadline=None if timeout_s is None else time.monotonic() + timeout_s,
+            rows=asked.rows,
+            respond=partial(self._respond, sender, started, asked.normalize),
+            deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
             is_cancelled=request.is_cancelled,
-            client=client,
+            client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, outcome: Outcome) -> None:
-        _send_final(sender, answer_response(self.output_name, outcome))
+    def _respond(self, sender: Any, started: float, normalize: bool, outcome: Outcome) -> None:
+        _send_final(sender, answer_response(self.output_name, outcome, normalize))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - started)
 

@@ -14,7 +14,14 @@ import pytest
 from builder.families import detect_family
 from builder.spec import BuildError
 from builder.tiny_models import TINY
-from python_backend.decoding import Limits, Prompts, RequestOptions, decode_request
+from python_backend.decoding import (
+    Limits,
+    Normalization,
+    Prompts,
+    RequestOptions,
+    decode_request,
+    unit_length,
+)
 from python_backend.engines import open_engine
 from python_backend.manifest import load_manifest
 from python_backend.tokenization import TextTokenizer
@@ -68,13 +75,20 @@ def sentence_model(tmp: Path, minilm_dir: Path, kind: str, pooling: str, dense: 
     return model, folder
 
 
-def served(version_dir: Path, texts: list[str], prompt_name: str | None) -> np.ndarray:
-    """The rows as the server decodes them (prompt included), through the built engine."""
+def served(
+    version_dir: Path, texts: list[str], prompt_name: str | None, normalize: bool | None = None
+) -> np.ndarray:
+    """The rows as the server decodes them (prompt included), through the built engine, and
+    at unit length where the server scales them (the model's default, or ``normalize``)."""
     manifest = load_manifest(version_dir)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
+    options = RequestOptions(
+        truncate=True, timeout_ms=0, prompt_name=prompt_name, normalize=normalize
+    )
+    scale = Normalization(manifest.normalize, manifest.graph_normalizes).applies(normalize)
     decoded = decode_request(
         {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)},
-        RequestOptions(truncate=True, timeout_ms=0, prompt_name=prompt_name),
+        options,
         tokenizer,
         Limits(64, manifest.max_length, manifest.vocab_size),
         Prompts(manifest.prompts, manifest.default_prompt_name),
@@ -82,12 +96,13 @@ def served(version_dir: Path, texts: list[str], prompt_name: str | None) -> np.n
     engine = open_engine(manifest, version_dir)
     from python_backend.engines.base import run_rows
 
-    return np.concatenate(
+    outputs = np.concatenate(
         [
             run_rows(engine, [row], manifest.buckets[-1].length, manifest.pad_token_id)
             for row in decoded.rows
         ]
     )
+    return unit_length(outputs) if scale else outputs
 
 
 @pytest.mark.parametrize(
@@ -107,6 +122,16 @@ def test_served_vectors_equal_sentence_transformers_own(tmp_path, minilm_dir, ki
         got = served(version, TEXTS, prompt)
         assert got.shape == expected.shape
         assert np.abs(got - expected).max() <= 1e-5, f"prompt {prompt}"
+    # normalize false: the pipeline's vector before its Normalize module, computed by
+    # sentence-transformers itself; true: the default
+    assert manifest.normalize
+    pooled = st.SentenceTransformer(modules=list(model)[:-1], device="cpu").encode(
+        TEXTS, convert_to_numpy=True
+    )
+    raw = served(version, TEXTS, None, normalize=False)
+    assert np.abs(raw - pooled).max() <= 1e-5
+    assert np.abs(np.linalg.norm(raw, axis=1) - 1).max() > 1e-2  # not unit vectors
+    assert np.abs(served(version, TEXTS, None, normalize=True) - model.encode(TEXTS)).max() <= 1e-5
 
 
 def test_a_prompt_changes_the_vector_and_an_unknown_one_is_refused(tmp_path, minilm_dir):

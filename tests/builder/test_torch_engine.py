@@ -114,7 +114,9 @@ def test_the_torch_build_writes_its_files_and_no_stale_engine(minilm_pair, tmp_p
     assert manifest.engine_files == (TORCH_WEIGHTS, TORCH_RECORD)
     record = json.loads((torch_dir / TORCH_RECORD).read_text())
     assert record["wrapper"] == "embedding"
-    assert record["settings"] == {"pooling": "mean", "normalize": True, "dense": []}
+    # Normalize is the server's: out of the module, in the manifest
+    assert record["settings"] == {"pooling": "mean", "normalize": False, "dense": []}
+    assert manifest.normalize and not manifest.graph_normalizes
     # an ONNX Runtime build of the same name, then a torch one: the ONNX file goes
     spec = BuildSpec(
         model_dir=minilm_dir, repository=tmp_path, name="m", buckets=(16,), max_length=16,

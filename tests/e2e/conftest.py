@@ -120,12 +120,13 @@ def server(repository, tmp_path_factory):
 def reference_model():
     """MiniLM in torch, run on each row alone: the reference served outputs must match."""
     from builder.build import default_model_dir
-    from builder.families import load_model, run_rows_alone
+    from builder.families import load_model, run_rows_served
 
     model = load_model(default_model_dir())
+    assert model.normalize  # MiniLM's pipeline ends in Normalize: served vectors are unit length
 
     def embed(rows: list[np.ndarray]) -> np.ndarray:
-        return run_rows_alone(model, rows)
+        return run_rows_served(model, rows)
 
     return embed
 

@@ -125,6 +125,7 @@ def test_prompts_are_chosen_by_name_or_by_nims_input_type(stack, api):
 
 def test_models_are_listed(api):
     assert sorted(m.id for m in api.models.list()) == [
+        "classifier",
         "minilm",
         "minilm_matryoshka",
         "minilm_prompts",
@@ -225,6 +226,57 @@ def test_truncation_side_and_nims_truncate_cut_the_end_they_name(stack, tokenize
         c, "minilm", text_inputs("http", [LONG]), {"truncation_side": "middle"}, headers=headers
     )
     assert "truncation_side must be one of right, left" in refused_kserve.message()
+
+
+def test_normalize_false_answers_the_pooled_vector_on_kserve_and_v1(stack, server, tokenizer, api):
+    """The graph returns the pooled vector and the server normalises by default (MiniLM's
+    pipeline ends in Normalize): normalize false answers the pooled vector itself, computed here
+    by transformers on each row alone; `dimensions` then shortens without renormalising."""
+    from builder.build import default_model_dir
+    from builder.families import load_model, run_rows_alone
+
+    rows = tokenizer.encode(TEXTS, truncate=True)
+    pooled = run_rows_alone(load_model(default_model_dir()), rows)
+    assert np.abs(np.linalg.norm(pooled, axis=1) - 1).min() > 0.1  # not unit vectors
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    got, _ = infer(
+        client(stack, "http"),
+        "minilm",
+        text_inputs("http", TEXTS),
+        {"normalize": False},
+        headers=headers,
+    )
+    assert np.abs(got - pooled).max() <= 1e-4  # through the door
+    direct, _ = infer(
+        client(server, "grpc"), "minilm", text_inputs("grpc", TEXTS), {"normalize": False}
+    )
+    assert np.abs(direct - pooled).max() <= 1e-4
+    answer = api.embeddings.create(
+        model="minilm", input=TEXTS, encoding_format="float", extra_body={"normalize": False}
+    )
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    assert np.abs(got - pooled).max() <= 1e-4
+    unit = api.embeddings.create(
+        model="minilm", input=TEXTS, encoding_format="float", extra_body={"normalize": True}
+    )
+    expected = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    assert np.abs(np.array([d.embedding for d in unit.data]) - expected).max() <= 1e-5
+    short = api.embeddings.create(
+        model="minilm_matryoshka",
+        input=TEXTS,
+        dimensions=128,
+        encoding_format="float",
+        extra_body={"normalize": False},
+    )
+    assert np.abs(np.array([d.embedding for d in short.data]) - pooled[:, :128]).max() <= 1e-4
+    refused = infer_error(
+        client(stack, "http"),
+        "classifier",
+        text_inputs("http", ["q"]),
+        {"normalize": True},
+        headers=headers,
+    )
+    assert "normalize is for embedding models" in refused.message()
 
 
 def raw(stack, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict]:

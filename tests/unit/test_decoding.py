@@ -236,3 +236,33 @@ def test_a_truncation_side_that_is_not_one_is_named(side):
         parse_options({"truncation_side": side}, True, 0)
     assert parse_options({"truncation_side": "left"}, True, 0).truncation_side == "left"
     assert parse_options({}, True, 0).truncation_side == "right"
+
+
+def test_normalize_is_the_models_default_unless_a_request_says_otherwise():
+    from python_backend.decoding import Normalization
+
+    pipeline = Normalization(default=True)
+    assert pipeline.applies(None) and pipeline.applies(True) and not pipeline.applies(False)
+    raw = Normalization(default=False)
+    assert not raw.applies(None) and raw.applies(True)
+    # a build whose graph normalises: nothing more to do, and raw vectors cannot be had
+    legacy = Normalization(default=True, in_graph=True)
+    assert not legacy.applies(None) and not legacy.applies(True)
+    with pytest.raises(ServeError, match="rebuild the model"):
+        legacy.applies(False)
+    with pytest.raises(ServeError, match="normalize is for embedding models"):
+        Normalization(default=None).applies(False)
+    assert not Normalization(default=None).applies(None)
+    with pytest.raises(ServeError, match="parameter normalize must be a bool"):
+        parse_options({"normalize": "yes"}, True, 0)
+    assert parse_options({"normalize": False}, True, 0).normalize is False
+    assert parse_options({}, True, 0).normalize is None
+
+
+def test_unit_length_scales_each_row_and_leaves_a_zero_row_zero():
+    from python_backend.decoding import unit_length
+
+    rows = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
+    out = unit_length(rows)
+    assert out.dtype == np.float32
+    assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0]])

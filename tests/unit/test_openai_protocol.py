@@ -66,6 +66,7 @@ def test_every_input_form_openai_accepts_is_parsed():
         ),
         ({"model": "m", "input": "a", "truncate": "end"}, "truncate", "END, START, NONE"),
         ({"model": "m", "input": "a", "truncate": 1}, "truncate", "END, START, NONE"),
+        ({"model": "m", "input": "a", "normalize": "false"}, "normalize", "true or false"),
         ({"model": "m", "input": "a", "truncate": "X" * 10**6}, "truncate", "END, START"),
         ({"model": "m", "input": "a", "truncation_side": "up"}, "truncation_side", "right, left"),
         ({"model": "m", "input": "a", "truncation_side": 0}, "truncation_side", "right, left"),
