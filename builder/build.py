@@ -202,6 +202,8 @@ def build(spec: BuildSpec) -> BuildResult:
     if spec.calibration_repeats:
         with progress("calibrate cost model"):
             manifest = calibrate_cost(spec, manifest, version_dir, progress)
+    if manifest.family == "embedding":
+        manifest = with_quantization_ranges(spec, manifest, version_dir, progress)
     with progress("write model repository"):
         write_entry(spec, manifest, version_dir, progress)
     seconds = time.perf_counter() - progress.started
@@ -481,6 +483,69 @@ def check_fp16_range(onnx_path: Path, progress: Progress) -> None:
             f"{len(multiplied)} constant(s) of the graph are beyond FP16's range and multiplied "
             f"({multiplied[0].describe()}): in FP16 that computes NaN. Build with --precision fp32"
         )
+
+
+QUANTIZATION_SAMPLE_ROWS = 512  # texts of the sample the int8 / uint8 ranges are taken over
+
+
+def sample_texts(spec: BuildSpec, count: int) -> list[str]:
+    """Up to ``count`` texts of the build's sample: the texts file, else the local corpus;
+    none when the sample is lengths only."""
+    if spec.texts_file is not None:
+        texts = [t for t in spec.texts_file.read_text().splitlines() if t.strip()]
+        return texts[:count]
+    if spec.lengths_file is not None:
+        return []
+    from builder.corpus import corpus_rows
+
+    try:
+        return corpus_rows(count)
+    except FileNotFoundError:
+        return []
+
+
+def with_quantization_ranges(
+    spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress
+) -> Manifest:
+    """The manifest with each dimension's (min, max) over the served vectors of the sample's
+    texts, as the server answers them by default (normalised where the pipeline says): the
+    ranges int8 and uint8 vectors are cut from."""
+    from python_backend.decoding import unit_length
+    from python_backend.engines import open_engine
+    from python_backend.engines.base import BucketLayout, run_rows
+    from python_backend.tokenization import TextTokenizer
+
+    texts = sample_texts(spec, QUANTIZATION_SAMPLE_ROWS)
+    if not texts:
+        progress.detail("no text sample: int8 and uint8 vectors will be refused for this model")
+        return manifest
+    layout = BucketLayout.from_manifest(manifest)
+    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, layout.longest_row)
+    prefix = manifest.prompts.get(manifest.default_prompt_name or "", "")
+    rows = tokenizer.encode([prefix + t for t in texts], truncate=True, prompt_chars=len(prefix))
+    engine = open_engine(manifest, version_dir)
+    try:
+        by_length: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_length.setdefault(layout.pad_len(len(row)), []).append(i)
+        vectors = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
+        for length, members in by_length.items():
+            cap = layout.max_rows(length)
+            for a in range(0, len(members), cap):
+                part = members[a : a + cap]
+                vectors[part] = run_rows(
+                    engine, [rows[i] for i in part], length, manifest.pad_token_id
+                )
+    finally:
+        engine.close()
+    if manifest.normalize and not manifest.graph_normalizes:
+        vectors = unit_length(vectors)
+    ranges = (
+        tuple(float(x) for x in vectors.min(axis=0)),
+        tuple(float(x) for x in vectors.max(axis=0)),
+    )
+    progress.detail(f"int8 / uint8 ranges: per dimension over {len(texts)} sample texts")
+    return replace(manifest, quantization_ranges=ranges)
 
 
 def calibrate_cost(

@@ -40,6 +40,7 @@ from openai_api.protocol import (
     parse_embeddings,
     parse_rerank,
     parse_tokenize,
+    quantize,
     rerank_response,
     shorten,
     tokens_response,
@@ -126,6 +127,9 @@ def create_app(
         query = parse_embeddings(await json_body(request), limits)
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
+        ranges = None
+        if query.embedding_type.endswith("int8"):
+            ranges = int8_ranges(info, query.dimensions)
         vectors, tokens = await unless_disconnected(
             request,
             backend.embed(
@@ -147,6 +151,7 @@ def create_app(
                     else True
                 )
             vectors = shorten(vectors, query.dimensions, normalized)
+        vectors = quantize(vectors, query.embedding_type, ranges)
         return FastJSONResponse(
             embeddings_response(query.model, vectors, query.encoding_format, tokens)
         )
@@ -161,6 +166,23 @@ def create_app(
             ),
         )
         return FastJSONResponse(rerank_response(query, scores, tokens))
+
+    def int8_ranges(info: ModelInfo, dimensions: int | None) -> Any:
+        """The model's calibrated per-dimension ranges, or a 400 saying why there are none."""
+        if dimensions is not None and dimensions != info.output_dim:
+            raise bad_request(
+                "int8 and uint8 ranges are calibrated on the full vectors: ask for them without "
+                "`dimensions`, or use binary",
+                param="embedding_type",
+            )
+        ranges = repository.files(info.name).manifest.quantization_ranges
+        if ranges is None:
+            raise bad_request(
+                f"model `{info.name}` was built without a text sample to calibrate int8 and uint8 "
+                "ranges on (build it with --texts-file); binary and ubinary need none",
+                param="embedding_type",
+            )
+        return ranges
 
     async def classify(request: Request) -> Response:
         query = parse_classify(await json_body(request), limits)

@@ -42,6 +42,11 @@ class InputLimits:
 
 
 ENCODINGS = ("float", "base64")
+# NIM's `embedding_type`, with sentence-transformers' `quantize_embeddings` meanings: int8 and
+# uint8 are scalar quantization over the model's calibrated per-dimension ranges, binary and
+# ubinary the signs packed into bits (8 dimensions a byte), as int8 offset by -128 and as uint8
+EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary")
+QUANTIZED_DTYPES = {"int8": np.int8, "uint8": np.uint8, "binary": np.int8, "ubinary": np.uint8}
 # NIM's (and Cohere's) `truncate`: which end of an over-long input is cut, or none (refused)
 NIM_TRUNCATE = {"END": "right", "START": "left", "NONE": None}
 
@@ -107,6 +112,7 @@ class EmbeddingsQuery:
     prompt_name: str | None = None  # one of the model's prompts, prepended to each text
     truncation: Truncation = MODEL_DEFAULT
     normalize: bool | None = None  # unit vectors or the pooled ones; None: the model's default
+    embedding_type: str = "float"  # a value of EMBEDDING_TYPES
 
     @property
     def count(self) -> int:
@@ -218,6 +224,21 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
     normalize = body.get("normalize")
     if normalize is not None and not isinstance(normalize, bool):
         raise bad_request("`normalize` must be true or false", param="normalize")
+    embedding_type = body.get("embedding_type", "float")
+    if embedding_type is None:
+        embedding_type = "float"
+    if not isinstance(embedding_type, str) or embedding_type not in EMBEDDING_TYPES:
+        raise bad_request(
+            f"`embedding_type` must be one of {', '.join(EMBEDDING_TYPES)}, got "
+            f"{str(embedding_type)[:64]!r}",
+            param="embedding_type",
+        )
+    if embedding_type.endswith("int8") and normalize is not None:
+        raise bad_request(
+            f"`embedding_type` {embedding_type} is cut from ranges calibrated on the model's own "
+            "vectors: send it without `normalize`",
+            param="embedding_type",
+        )
     return EmbeddingsQuery(
         model,
         texts,
@@ -227,6 +248,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         parse_prompt_name(body),
         parse_truncation(body),
         normalize,
+        embedding_type,
     )
 
 
@@ -258,9 +280,34 @@ def shorten(vectors: np.ndarray, dimensions: int, normalized: bool = True) -> np
     return head / np.maximum(norms, 1e-12)
 
 
+def quantize(
+    vectors: np.ndarray,
+    embedding_type: str,
+    ranges: tuple[Any, Any] | None = None,
+) -> np.ndarray:
+    """The vectors as ``embedding_type`` (float32 unchanged); int8 and uint8 need the model's
+    ``ranges`` (per-dimension min and max, shape [2, D])."""
+    if embedding_type == "float":
+        return vectors.astype(np.float32, copy=False)
+    if embedding_type.endswith("binary"):
+        bits = np.packbits(vectors > 0, axis=-1)
+        return (bits.astype(np.int16) - 128).astype(np.int8) if embedding_type == "binary" else bits
+    assert ranges is not None
+    starts = np.asarray(ranges[0], dtype=np.float32)
+    steps = (np.asarray(ranges[1], dtype=np.float32) - starts) / 255
+    steps = np.where(steps == 0, 1, steps)
+    levels = np.clip(np.floor((vectors - starts) / steps), 0, 255)
+    return (levels - 128).astype(np.int8) if embedding_type == "int8" else levels.astype(np.uint8)
+
+
 def encode_vector(vector: np.ndarray, encoding: str) -> np.ndarray | str:
-    """base64 of the little-endian float32 bytes, or the float32 vector itself (the response
+    """base64 of the vector's raw bytes (float32 little-endian, as OpenAI's clients decode it,
+    or the int8 / uint8 bytes of a quantized one), or the vector itself (the response
     serializer writes numpy arrays as JSON lists directly)."""
+    if vector.dtype in (np.int8, np.uint8):
+        if encoding == "base64":
+            return base64.b64encode(vector.tobytes()).decode("ascii")
+        return np.ascontiguousarray(vector)
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return np.ascontiguousarray(vector, dtype=np.float32)

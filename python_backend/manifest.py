@@ -104,6 +104,9 @@ class Manifest:
     # vector itself. Builds before format 3 normalised inside the graph (graph_normalizes)
     normalize: bool = False
     graph_normalizes: bool = False
+    # embedding models: each dimension's (min, max) over the served vectors of the builder's text
+    # sample, for int8 and uint8 vectors (sentence-transformers' scalar quantization ranges)
+    quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -275,6 +278,19 @@ def manifest_from_dict(data: Any) -> Manifest:
         graph_normalizes = bool(data.get("graph_normalizes", False))
     if normalize and family != "embedding":
         raise ManifestError("manifest field 'normalize' is for embedding models only")
+    ranges = data.get("quantization_ranges")
+    if ranges is not None:
+        if (
+            not isinstance(ranges, list)
+            or len(ranges) != 2
+            or not all(isinstance(r, list) and len(r) == data.get("output_dim") for r in ranges)
+            or not all(isinstance(x, int | float) for r in ranges for x in r)
+        ):
+            raise ManifestError(
+                "manifest field 'quantization_ranges' must be two lists (min, max) of output_dim "
+                "numbers"
+            )
+        ranges = (tuple(float(x) for x in ranges[0]), tuple(float(x) for x in ranges[1]))
     manifest = Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -301,6 +317,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         source=source,
         normalize=normalize,
         graph_normalizes=graph_normalizes,
+        quantization_ranges=ranges,
         format_version=FORMAT_VERSION,
     )
     written = data.get("engine_profiles")

@@ -279,6 +279,66 @@ def test_normalize_false_answers_the_pooled_vector_on_kserve_and_v1(stack, serve
     assert "normalize is for embedding models" in refused.message()
 
 
+@pytest.mark.parametrize("embedding_type", ["int8", "uint8", "binary", "ubinary"])
+def test_quantized_vectors_are_sentence_transformers_quantization_of_the_floats(
+    stack, api, embedding_type
+):
+    """With the official client, `encoding_format="float"` (its default, base64, would decode
+    the bytes as float32): JSON integers, equal to sentence-transformers' own quantization of the
+    float vectors over the ranges the builder calibrated; base64 carries their raw bytes."""
+    import base64
+
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from python_backend.manifest import load_manifest
+
+    floats = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    vectors = np.array([d.embedding for d in floats.data], dtype=np.float32)
+    ranges = np.array(load_manifest(stack.repository / "minilm" / "1").quantization_ranges)
+    assert ranges.shape == (2, 384)
+    expected = quantize_embeddings(vectors, embedding_type, ranges=ranges)
+    answer = api.embeddings.create(
+        model="minilm",
+        input=TEXTS,
+        encoding_format="float",
+        extra_body={"embedding_type": embedding_type},
+    )
+    got = np.array([d.embedding for d in answer.data])
+    assert got.shape == expected.shape and np.array_equal(got, expected.astype(np.int64))
+    status, packed = raw(
+        stack,
+        "/v1/embeddings",
+        json.dumps(
+            {"model": "minilm", "input": TEXTS, "encoding_format": "base64",
+             "embedding_type": embedding_type}
+        ).encode(),
+        {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"},
+    )  # fmt: skip
+    assert status == 200
+    for d, want in zip(packed["data"], expected, strict=True):
+        decoded = np.frombuffer(base64.b64decode(d["embedding"]), dtype=expected.dtype)
+        assert np.array_equal(decoded, want)
+
+
+def test_int8_is_refused_where_its_ranges_do_not_apply(api):
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.embeddings.create(
+            model="minilm_matryoshka",
+            input="x",
+            dimensions=128,
+            extra_body={"embedding_type": "int8"},
+        )
+    assert refused.value.body["param"] == "embedding_type"
+    binary = api.embeddings.create(
+        model="minilm_matryoshka",
+        input="x",
+        dimensions=128,
+        encoding_format="float",
+        extra_body={"embedding_type": "binary"},
+    )
+    assert len(binary.data[0].embedding) == 16  # 128 dimensions, 8 a byte
+
+
 def raw(stack, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict]:
     request = urllib.request.Request(
         f"http://127.0.0.1:{stack.http_port}{path}", data=body, headers=headers

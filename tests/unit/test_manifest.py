@@ -79,6 +79,8 @@ def bad(**edits):
         ),
         (bad(max_length=10), "'max_length' is below the last bucket"),
         (bad(engine_kind="tvm"), "'engine_kind' must be one of"),
+        (bad(quantization_ranges=[[0.0], [1.0]]), "'quantization_ranges' must be two lists"),
+        (bad(normalize="yes"), "'normalize' has the wrong type"),
         (bad(precision="int3"), "'precision' must be one of"),
         (bad(cost_model={"kind": "magic"}), "'cost_model' is invalid"),
         (bad(format_version=7), "'format_version' is 7"),
