@@ -273,6 +273,9 @@ def create_app(
                 "max_batch_rows": manifest.max_batch,
                 "truncate_default": info.truncate_default,
                 "prompts": sorted(manifest.prompts),
+                "normalize": manifest.normalize,
+                # int8 and uint8 vectors are cut from these (min, max) per dimension
+                "quantization_ranges": manifest.quantization_ranges,
                 "engine": manifest.engine_kind,
                 "precision": manifest.precision,
                 "version": project_version(),

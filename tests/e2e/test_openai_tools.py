@@ -105,6 +105,8 @@ def test_info_states_the_models_limits(stack):
     assert info["buckets"] == [b.length for b in manifest.buckets]
     assert info["max_rows_per_request"] == 64 and info["max_client_batch_size"] == 2048
     assert info["max_tokens_per_input"] == 8192 and info["version"]
+    assert info["normalize"] is True
+    assert np.allclose(info["quantization_ranges"], manifest.quantization_ranges)
     classes = ok(stack, "/v1/info?model=classifier")["model_type"]["classifier"]["id2label"]
     assert classes == {"0": "negative", "1": "neutral", "2": "positive"}
     status, answer = call(stack, "/v1/info")  # several models served: name one
