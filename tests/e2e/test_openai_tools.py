@@ -7,8 +7,6 @@ wrong type is a 400 naming it, and the server is still right afterwards."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -16,21 +14,14 @@ import pytest
 from python_backend.manifest import load_manifest
 from testkit.triton_clients import client, text_inputs
 from tests.e2e.stack import API_KEY
+from tests.e2e.test_openai import raw
 
 LONG = " ".join(f"word{i}" for i in range(400))  # past MiniLM's 256 tokens
 HEADERS = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
 
 
 def call(stack, path: str, body: dict | None = None) -> tuple[int, object]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{stack.http_port}{path}", data=data, headers=HEADERS
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=20) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return raw(stack, path, None if body is None else json.dumps(body).encode(), HEADERS)
 
 
 def ok(stack, path: str, body: dict | None = None):
