@@ -22,6 +22,8 @@ from python_backend.contract import (
     PAIR_INPUT,
     REQUEST_INPUTS,
     SERVES_PARAMETER,
+    TIMINGS_OUTPUT,
+    TIMINGS_STAGES,
 )
 from python_backend.settings import CONFIG_DEFAULTS
 
@@ -95,6 +97,9 @@ def model_config(
         mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])
     )
     config.output.append(mc.ModelOutput(name=NUM_TOKENS_OUTPUT, data_type=mc.TYPE_INT32, dims=[1]))
+    config.output.append(
+        mc.ModelOutput(name=TIMINGS_OUTPUT, data_type=mc.TYPE_FP32, dims=[len(TIMINGS_STAGES)])
+    )
     config.instance_group.append(instances if instances is not None else cpu_instance())
     for key, value in {**DEFAULT_PARAMETERS, **(parameters or {})}.items():
         config.parameters[key].string_value = value

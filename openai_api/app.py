@@ -124,13 +124,14 @@ def create_app(
         return info
 
     async def embeddings(request: Request) -> Response:
+        started = time.perf_counter()
         query = parse_embeddings(await json_body(request), limits)
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         ranges = None
         if query.embedding_type.endswith("int8"):
             ranges = int8_ranges(info, query.dimensions)
-        vectors, tokens = await unless_disconnected(
+        served = await unless_disconnected(
             request,
             backend.embed(
                 info,
@@ -142,6 +143,7 @@ def create_app(
                 query.normalize,
             ),
         )
+        vectors = served.outputs
         if query.dimensions is not None and query.dimensions != info.output_dim:
             normalized = query.normalize
             if normalized is None:  # the model's default: its manifest's
@@ -153,19 +155,24 @@ def create_app(
             vectors = shorten(vectors, query.dimensions, normalized)
         vectors = quantize(vectors, query.embedding_type, ranges)
         return FastJSONResponse(
-            embeddings_response(query.model, vectors, query.encoding_format, tokens)
+            embeddings_response(query.model, vectors, query.encoding_format, served.tokens),
+            headers=served.headers(started),
         )
 
     async def rerank(request: Request) -> Response:
+        started = time.perf_counter()
         query = parse_rerank(await json_body(request), limits)
         info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
-        scores, tokens = await unless_disconnected(
+        served = await unless_disconnected(
             request,
             backend.rerank(
                 info, query.query, query.documents, client_of(request), query.truncation
             ),
         )
-        return FastJSONResponse(rerank_response(query, scores, tokens))
+        return FastJSONResponse(
+            rerank_response(query, served.outputs[:, 0], served.tokens),
+            headers=served.headers(started),
+        )
 
     def int8_ranges(info: ModelInfo, dimensions: int | None) -> Any:
         """The model's calibrated per-dimension ranges, or a 400 saying why there are none."""
@@ -185,6 +192,7 @@ def create_app(
         return ranges
 
     async def classify(request: Request) -> Response:
+        started = time.perf_counter()
         query = parse_classify(await json_body(request), limits)
         info = await model_serving(query.model, LOGITS_OUTPUT, "does not classify")
         labels: tuple[str, ...] = ()
@@ -196,7 +204,7 @@ def create_app(
                     param="model",
                 )
             labels = manifest.labels
-        logits, tokens = await unless_disconnected(
+        served = await unless_disconnected(
             request,
             backend.embed(
                 info,
@@ -207,7 +215,8 @@ def create_app(
             ),
         )
         return FastJSONResponse(
-            classify_response(query.model, logits, labels, tokens, int(time.time()))
+            classify_response(query.model, served.outputs, labels, served.tokens, int(time.time())),
+            headers=served.headers(started),
         )
 
     async def tokenize(request: Request) -> Response:

@@ -22,6 +22,9 @@ from python_backend.contract import (
     NUM_TOKENS_OUTPUT,
     PAIR_INPUT,
     REQUEST_INPUTS,
+    TIMINGS_OUTPUT,
+    TIMINGS_PARAMETER,
+    TIMINGS_STAGES,
     TOO_LONG_ROW,
 )
 from python_backend.settings import settings_from_parameters
@@ -78,6 +81,35 @@ async def gather_or_cancel(*calls: Awaitable[T]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the model answered for a request: its outputs in input order, the tokens it ran, and
+    the seconds it spent queued, tokenizing and computing (TIMINGS_STAGES; over several chunks,
+    the longest of each: the chunks run side by side)."""
+
+    outputs: np.ndarray
+    tokens: int
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def of(cls, parts: list[Served]) -> Served:
+        return cls(
+            np.concatenate([p.outputs for p in parts], axis=0),
+            sum(p.tokens for p in parts),
+            tuple(max(column) for column in zip(*(p.seconds for p in parts), strict=True)),
+        )
+
+    def headers(self, started: float) -> dict[str, str]:
+        """TEI's timing headers, in milliseconds; the total is the adapter's own wall time
+        since ``started`` (time.perf_counter)."""
+        out = {
+            f"x-{stage}-time": f"{s * 1e3:.0f}"
+            for stage, s in zip(TIMINGS_STAGES, self.seconds, strict=True)
+        }
+        out["x-total-time"] = f"{(time.perf_counter() - started) * 1e3:.0f}"
+        return out
 
 
 # the query's copies a rerank request may have in flight to Triton at once (its chunks wait)
@@ -140,9 +172,9 @@ class TritonBackend:
         client: str = "",
         truncation: Truncation = MODEL_DEFAULT,
         normalize: bool | None = None,
-    ) -> tuple[np.ndarray, int]:
-        """[inputs, D] float32 in input order, and the tokens the model ran (prompts included).
-        ``client``: who sent it, as the front door named them (the model's queue shares)."""
+    ) -> Served:
+        """[inputs, D] float32 in input order, the tokens the model ran (prompts included) and
+        where the time went. ``client``: who sent it, as the front door named them."""
         parameters = truncation.parameters()
         if normalize is not None:
             parameters["normalize"] = normalize
@@ -158,8 +190,7 @@ class TritonBackend:
                 for a in starts
             )
         )
-        vectors = np.concatenate([p[0] for p in parts], axis=0)
-        return vectors, int(sum(p[1] for p in parts))
+        return Served.of(parts)
 
     async def rerank(
         self,
@@ -168,8 +199,9 @@ class TritonBackend:
         documents: list[str],
         client: str = "",
         truncation: Truncation = MODEL_DEFAULT,
-    ) -> tuple[np.ndarray, int]:
-        """The score of (query, document) for each document, in their order, and the tokens."""
+    ) -> Served:
+        """The score of (query, document) for each document, in their order ([documents, 1]),
+        the tokens and where the time went."""
         # each chunk carries the query once per document: Triton's core refuses a request whose
         # batched inputs differ in rows, so a one-row query cannot pair with many documents.
         # What those copies take is bounded instead: chunks run at most as many at once as fit
@@ -177,7 +209,7 @@ class TritonBackend:
         chunk_bytes = len(query.encode("utf-8", "surrogatepass")) * info.max_rows
         at_once = asyncio.Semaphore(max(1, RERANK_QUERY_BYTES_IN_FLIGHT // max(1, chunk_bytes)))
 
-        async def chunk(a: int) -> tuple[np.ndarray, int]:
+        async def chunk(a: int) -> Served:
             async with at_once:
                 return await self._infer(
                     info,
@@ -191,8 +223,7 @@ class TritonBackend:
                 )
 
         parts = await gather_or_cancel(*(chunk(a) for a in range(0, len(documents), info.max_rows)))
-        scores = np.concatenate([p[0] for p in parts], axis=0)[:, 0]
-        return scores, int(sum(p[1] for p in parts))
+        return Served.of(parts)
 
     async def _infer(
         self,
@@ -204,7 +235,7 @@ class TritonBackend:
         client: str = "",
         query: str | None = None,
         inputs_field: str = "input",
-    ) -> tuple[np.ndarray, int]:
+    ) -> Served:
         """One request of ``rows``: texts, or token-id rows; with ``query``, a reranker's
         (query, document) pairs, the rows being the documents."""
         text_name, ids_name, mask_name = REQUEST_INPUTS
@@ -237,7 +268,9 @@ class TritonBackend:
         outputs = [
             grpcclient.InferRequestedOutput(info.output_name),
             grpcclient.InferRequestedOutput(NUM_TOKENS_OUTPUT),
+            grpcclient.InferRequestedOutput(TIMINGS_OUTPUT),
         ]
+        parameters = {**(parameters or {}), TIMINGS_PARAMETER: True}
         try:
             result = await self.client.infer(
                 info.name,
@@ -263,9 +296,11 @@ class TritonBackend:
             raise from_triton(err.status(), err.message(), where) from None
         vectors = result.as_numpy(info.output_name)
         tokens = result.as_numpy(NUM_TOKENS_OUTPUT)
+        times = result.as_numpy(TIMINGS_OUTPUT)
         if vectors is None or tokens is None or vectors.shape[0] != len(rows):
             raise OpenAIError(500, "the model answered without its outputs", kind="server_error")
-        return vectors, int(tokens.sum())
+        seconds = times[0] if times is not None and len(times) else np.zeros(len(TIMINGS_STAGES))
+        return Served(vectors, int(tokens.sum()), tuple(float(x) for x in seconds))
 
 
 def check_dimensions(info: ModelInfo, dimensions: int | None) -> None:

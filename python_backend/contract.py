@@ -44,6 +44,11 @@ REQUEST_INPUTS: tuple[str, ...] = ("TEXT", "INPUT_IDS", "ATTENTION_MASK")
 PAIR_INPUT = "TEXT_PAIR"  # pair models: the second text of each row, beside TEXT
 TEXT_INPUTS = frozenset({REQUEST_INPUTS[0], PAIR_INPUT})  # [rows, 1] BYTES; the others [rows, T]
 NUM_TOKENS_OUTPUT = "NUM_TOKENS"  # [rows, 1] int32: tokens each row used, after truncation
+# [rows, 3] fp32, answered only to a request with the parameter timings true: the seconds its
+# request spent queued in the model, tokenizing and computing (the same on each of its rows)
+TIMINGS_OUTPUT = "TIMINGS"
+TIMINGS_PARAMETER = "timings"
+TIMINGS_STAGES = ("queue", "tokenization", "inference")
 
 
 @dataclass(frozen=True)

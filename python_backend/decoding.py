@@ -21,6 +21,7 @@ from python_backend.contract import (
     PAIR_INPUT,
     REQUEST_INPUTS,
     TEXT_INPUTS,
+    TIMINGS_PARAMETER,
     TRUNCATION_SIDES,
     Reason,
     ServeError,
@@ -45,6 +46,7 @@ class RequestOptions:
     client: str = ""  # who sent it (CLIENT_PARAMETER): the queue is shared between clients
     truncation_side: str = "right"  # which end of an over-long row is cut (TRUNCATION_SIDES)
     normalize: bool | None = None  # embeddings at unit length, or not; None: the model's default
+    timings: bool = False  # answer TIMINGS too: where the request's time went
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,12 @@ def parse_options(
             Reason.BAD_PARAMETER,
             f"parameter normalize must be a bool (true or false), got {str(normalize)[:64]!r}",
         )
+    timings = parameters.get(TIMINGS_PARAMETER, False)
+    if not isinstance(timings, bool):
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter timings must be a bool (true or false), got {str(timings)[:64]!r}",
+        )
     return RequestOptions(
         truncate=truncate,
         timeout_ms=int(timeout),
@@ -122,6 +130,7 @@ def parse_options(
         client=client,
         truncation_side=side,
         normalize=normalize,
+        timings=timings,
     )
 
 

@@ -241,7 +241,7 @@ class OwnerClient:
             for a in answered:
                 entry = self._in_flight.pop(a.request_id, None)
                 if entry is not None:
-                    self._answer(entry, Answer(a.outputs, a.num_tokens))
+                    self._answer(entry, Answer(a.outputs, a.num_tokens, a.queue_s, a.inference_s))
             for f in failed:
                 entry = self._in_flight.pop(f.request_id, None)
                 if entry is None:

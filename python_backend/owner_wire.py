@@ -69,6 +69,8 @@ class Answered:
     request_id: int
     outputs: np.ndarray  # [rows, D] float32
     num_tokens: np.ndarray  # [rows] int32
+    queue_s: float = 0.0  # seconds it queued in the owner
+    inference_s: float = 0.0  # seconds from its first forward's start to its last row
 
 
 @dataclass(frozen=True)
@@ -223,12 +225,13 @@ def encode_answers(
         _raw(outputs),
         _raw(num_tokens),
         json.dumps(errors).encode(),
+        _raw(np.asarray([(a.queue_s, a.inference_s) for a in answered], np.float64).reshape(-1)),
     ]
 
 
 def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered], list[Failed]]:
-    if len(frames) != 6 or bytes(frames[0]) != ANSWERS:
-        raise WireError(f"an answers message has 6 frames, this one {len(frames)}")
+    if len(frames) != 7 or bytes(frames[0]) != ANSWERS:
+        raise WireError(f"an answers message has 7 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
     rows_per = _column(frames[2], np.int32, "rows per request")
     outputs = _column(frames[3], np.float32, "outputs")
@@ -238,10 +241,14 @@ def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered],
         raise WireError("answered ids, rows and token counts differ in count")
     if len(outputs) != total * width:
         raise WireError(f"{len(outputs)} output values for {total} rows of width {width}")
+    times = _column(frames[6], np.float64, "times")
+    if len(times) != 2 * len(request_ids):
+        raise WireError(f"{len(times)} times for {len(request_ids)} answered requests")
+    times = times.reshape(-1, 2)
     outputs = outputs.reshape(total, width)
     answered = [
-        Answered(request_id, outputs[a:b], num_tokens[a:b])
-        for request_id, (a, b) in zip(request_ids.tolist(), _spans(rows_per), strict=True)
+        Answered(request_id, outputs[a:b], num_tokens[a:b], float(t[0]), float(t[1]))
+        for request_id, (a, b), t in zip(request_ids.tolist(), _spans(rows_per), times, strict=True)
     ]
     failed = [
         Failed(int(request_id), ServeError(Reason(reason), message))

@@ -219,7 +219,15 @@ class QueueOwner:
                     del self._live[front]
             answered, failed = by_front.setdefault(front, ([], []))
             if isinstance(outcome, Answer):
-                answered.append(Answered(rid, outcome.outputs, outcome.num_tokens))
+                answered.append(
+                    Answered(
+                        rid,
+                        outcome.outputs,
+                        outcome.num_tokens,
+                        outcome.queue_s,
+                        outcome.inference_s,
+                    )
+                )
             else:
                 failed.append(Failed(rid, outcome))
         for front, (answered, failed) in by_front.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from python_backend.queue_owner import (
 from python_backend.scheduler import Answer, Outcome
 from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
+    Admission,
     EngineHost,
     _send_final,
     admit_each,
@@ -104,23 +106,24 @@ class FrontModel:
     def _admit(self, request: Any, sender: Any) -> None:
         started = time.monotonic()
         asked = self.decoder.decode(request)
-        self.metrics.request_stage("tokenization", time.monotonic() - started)
+        asked = replace(asked, tokenization_s=time.monotonic() - started)
+        self.metrics.request_stage("tokenization", asked.tokenization_s)
         self.client.submit(
             asked.rows,
-            partial(self._respond, sender, started, asked.normalize),
+            partial(self._respond, sender, started, asked),
             asked.timeout_s,
             is_cancelled=request.is_cancelled,
             client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, normalize: bool, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, started: float, asked: Admission, outcome: Outcome) -> None:
         if (
             isinstance(outcome, ServeError)
             and outcome.reason is Reason.OWNER_LOST
             and not isinstance(outcome, StalledDrop)  # the owner counted that one
         ):
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
-        _send_final(sender, answer_response(self.output_name, outcome, normalize))
+        _send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - started)
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend.contract import (
@@ -24,6 +25,7 @@ from python_backend.contract import (
     PAIR_INPUT,
     REQUEST_INPUTS,
     SHUTDOWN_DRAIN_S,
+    TIMINGS_OUTPUT,
     Reason,
     ServeError,
 )
@@ -125,6 +127,8 @@ class Admission:
     timeout_s: float | None
     client: str
     normalize: bool = False
+    timings: bool = False  # answer TIMINGS too
+    tokenization_s: float = 0.0  # how long decoding it took (set once it is decoded)
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class RequestDecoder:
         normalize = self.normalization.applies(options.normalize)
         decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
         timeout_s = options.timeout_ms / 1000.0 if options.timeout_ms else None
-        return Admission(decoded.rows, timeout_s, options.client, normalize)
+        return Admission(decoded.rows, timeout_s, options.client, normalize, options.timings)
 
 
 def request_decoder(
@@ -205,17 +209,21 @@ def refusal(error: ServeError) -> Any:
     return _error_response(str(error), error.kind.triton_code)
 
 
-def answer_response(output_name: str, outcome: Outcome, normalize: bool = False) -> Any:
-    """The Triton response of an outcome: its outputs (at unit length where ``normalize``) and
-    token counts, or its error."""
+def answer_response(output_name: str, outcome: Outcome, asked: Admission | None = None) -> Any:
+    """The Triton response of an outcome: its outputs (at unit length where the request asks),
+    token counts and, where asked, its timings; or its error."""
     if isinstance(outcome, Answer):
+        normalize = asked is not None and asked.normalize
         outputs = unit_length(outcome.outputs) if normalize else outcome.outputs
-        return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor(output_name, outputs),
-                pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
-            ]
-        )
+        tensors = [
+            pb_utils.Tensor(output_name, outputs),
+            pb_utils.Tensor(NUM_TOKENS_OUTPUT, outcome.num_tokens.reshape(-1, 1)),
+        ]
+        if asked is not None and asked.timings:
+            times = [outcome.queue_s, asked.tokenization_s, outcome.inference_s]
+            per_row = np.tile(np.asarray(times, np.float32), (len(outputs), 1))
+            tensors.append(pb_utils.Tensor(TIMINGS_OUTPUT, per_row))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
     return refusal(outcome)
 
 
@@ -307,17 +315,18 @@ class TritonPythonModel(EngineHost):
     def _decode(self, request: Any, sender: Any) -> Request:
         started = time.monotonic()
         asked = self.decoder.decode(request)
-        self.metrics.request_stage("tokenization", time.monotonic() - started)
+        asked = replace(asked, tokenization_s=time.monotonic() - started)
+        self.metrics.request_stage("tokenization", asked.tokenization_s)
         return Request(
             rows=asked.rows,
-            respond=partial(self._respond, sender, started, asked.normalize),
+            respond=partial(self._respond, sender, started, asked),
             deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
             is_cancelled=request.is_cancelled,
             client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, normalize: bool, outcome: Outcome) -> None:
-        _send_final(sender, answer_response(self.output_name, outcome, normalize))
+    def _respond(self, sender: Any, started: float, asked: Admission, outcome: Outcome) -> None:
+        _send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - started)
 

@@ -7,6 +7,7 @@ wrong type is a 400 naming it, and the server is still right afterwards."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import numpy as np
 import pytest
@@ -153,3 +154,37 @@ def test_every_new_field_of_the_wrong_kind_is_a_400_naming_it(stack, path, body,
     assert answer["error"]["param"] == param and answer["error"]["message"]
     # and the server still answers right
     assert len(ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": "still here"})[0]) == 4
+
+
+def test_answers_say_where_their_time_went(stack, server):
+    """/v1 answers carry TEI's timing headers (milliseconds: the longest chunk's queue,
+    tokenization and inference, and the adapter's own total); KServe answers TIMINGS to a
+    request that asks, from the one-process model and from the split layout alike."""
+    import time
+
+    body = json.dumps({"model": "minilm", "input": [LONG, "short"]}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{stack.http_port}/v1/embeddings", data=body, headers=HEADERS
+    )
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=20) as response:
+        headers = {k.lower(): v for k, v in response.headers.items()}
+    wall_ms = (time.perf_counter() - started) * 1e3
+    times = {
+        k: int(headers[f"x-{k}-time"]) for k in ("queue", "tokenization", "inference", "total")
+    }
+    assert all(t >= 0 for t in times.values()) and times["total"] <= wall_ms + 1
+    assert times["queue"] + times["inference"] <= times["total"] + 1
+    for model in ("minilm", "minilm_split"):
+        texts = ["one", "two rows"]
+        c = client(server, "grpc")
+        start = time.perf_counter()
+        result = c.infer(model, text_inputs("grpc", texts), parameters={"timings": True})
+        elapsed = time.perf_counter() - start
+        timings = result.as_numpy("TIMINGS")
+        assert timings.shape == (2, 3) and np.array_equal(timings[0], timings[1]), model
+        queue, tokenization, inference = timings[0]
+        assert min(queue, tokenization) >= 0 and inference > 0, model
+        assert queue + tokenization + inference <= elapsed, model
+        plain = c.infer(model, text_inputs("grpc", texts))
+        assert plain.as_numpy("TIMINGS") is None  # only when asked

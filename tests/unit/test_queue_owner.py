@@ -97,13 +97,16 @@ def test_the_wire_round_trips_and_refuses_frames_that_disagree():
 
     outputs = rng.random((3, WIDTH), dtype=np.float32)
     answer_frames = encode_answers(
-        [Answered(7, outputs, np.asarray([4, 5, 6], np.int32))],
+        [Answered(7, outputs, np.asarray([4, 5, 6], np.int32), 0.25, 0.125)],
         [Failed(8, ServeError(Reason.TIMEOUT, "late"))],
         WIDTH,
     )
     answered, failed = decode_answers(answer_frames, WIDTH)
     assert answered[0].request_id == 7 and np.array_equal(answered[0].outputs, outputs)
     assert answered[0].num_tokens.tolist() == [4, 5, 6]
+    assert (answered[0].queue_s, answered[0].inference_s) == (0.25, 0.125)
+    with pytest.raises(WireError, match="times for 1 answered"):
+        decode_answers([*answer_frames[:6], answer_frames[6][:8]], WIDTH)
     assert failed[0].request_id == 8 and failed[0].error.reason is Reason.TIMEOUT
     assert str(failed[0].error) == "late"
     with pytest.raises(WireError, match="width"):

@@ -22,7 +22,11 @@ def test_generated_config_parses_as_triton_model_config(tmp_path):
     assert config.name == "m" and config.backend == "python" and config.max_batch_size == 64
     assert [i.name for i in config.input] == ["TEXT", "INPUT_IDS", "ATTENTION_MASK"]
     assert all(i.optional for i in config.input)
-    assert [(o.name, list(o.dims)) for o in config.output] == [("LOGITS", [3]), ("NUM_TOKENS", [1])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [
+        ("LOGITS", [3]),
+        ("NUM_TOKENS", [1]),
+        ("TIMINGS", [3]),
+    ]
     assert config.parameters["max_queue_rows"].string_value == "10"
     assert not config.HasField("dynamic_batching"), "the model batches for itself"
     assert not config.model_transaction_policy.decoupled
