@@ -486,6 +486,7 @@ def check_fp16_range(onnx_path: Path, progress: Progress) -> None:
 
 
 QUANTIZATION_SAMPLE_ROWS = 512  # texts of the sample the int8 / uint8 ranges are taken over
+QUANTIZATION_SAMPLE_FILE = "quantization_sample.npy"
 
 
 def sample_texts(spec: BuildSpec, count: int) -> list[str]:
@@ -544,8 +545,11 @@ def with_quantization_ranges(
         tuple(float(x) for x in vectors.min(axis=0)),
         tuple(float(x) for x in vectors.max(axis=0)),
     )
+    np.save(version_dir / QUANTIZATION_SAMPLE_FILE, vectors)
     progress.detail(f"int8 / uint8 ranges: per dimension over {len(texts)} sample texts")
-    return replace(manifest, quantization_ranges=ranges)
+    return replace(
+        manifest, quantization_ranges=ranges, quantization_sample=QUANTIZATION_SAMPLE_FILE
+    )
 
 
 def calibrate_cost(

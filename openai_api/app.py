@@ -130,7 +130,7 @@ def create_app(
         check_dimensions(info, query.dimensions)
         ranges = None
         if query.embedding_type.endswith("int8"):
-            ranges = int8_ranges(info, query.dimensions)
+            ranges = int8_ranges(info, query.dimensions or info.output_dim)
         served = await unless_disconnected(
             request,
             backend.embed(
@@ -174,15 +174,10 @@ def create_app(
             headers=served.headers(started),
         )
 
-    def int8_ranges(info: ModelInfo, dimensions: int | None) -> Any:
-        """The model's calibrated per-dimension ranges, or a 400 saying why there are none."""
-        if dimensions is not None and dimensions != info.output_dim:
-            raise bad_request(
-                "int8 and uint8 ranges are calibrated on the full vectors: ask for them without "
-                "`dimensions`, or use binary",
-                param="embedding_type",
-            )
-        ranges = repository.files(info.name).manifest.quantization_ranges
+    def int8_ranges(info: ModelInfo, dimensions: int) -> Any:
+        """The model's calibrated per-dimension ranges at ``dimensions``, or a 400 saying why
+        there are none."""
+        ranges = repository.files(info.name).quantization_ranges(dimensions)
         if ranges is None:
             raise bad_request(
                 f"model `{info.name}` was built without a text sample to calibrate int8 and uint8 "

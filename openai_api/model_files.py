@@ -8,8 +8,11 @@ manifest names. Read once per model, then kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from openai_api.errors import OpenAIError
 from python_backend.decoding import Prompts
@@ -25,6 +28,27 @@ class ModelFiles:
     manifest: Manifest
     tokenizer: TextTokenizer  # cuts rows at the longest row the model takes, as the model does
     prompts: Prompts
+    version_dir: Path
+    _ranges: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def quantization_ranges(self, dimensions: int) -> tuple[Any, Any] | None:
+        """Per-dimension (min, max) of the builder's sample vectors at ``dimensions`` (shortened
+        as ``dimensions`` shortens them: renormalised where the model normalises); None for a
+        model built without a text sample."""
+        manifest = self.manifest
+        if dimensions == manifest.output_dim or manifest.quantization_ranges is None:
+            return manifest.quantization_ranges
+        if manifest.quantization_sample is None:
+            return None
+        known = self._ranges.get(dimensions)
+        if known is None:
+            from openai_api.protocol import shorten
+
+            sample = np.load(self.version_dir / manifest.quantization_sample)
+            head = shorten(sample, dimensions, manifest.normalize)
+            known = (head.min(axis=0).tolist(), head.max(axis=0).tolist())
+            self._ranges[dimensions] = known
+        return known
 
     @property
     def longest_row(self) -> int:
@@ -58,6 +82,7 @@ class ModelRepository:
             ) from None
         longest = BucketLayout.from_manifest(manifest).longest_row
         files = ModelFiles(
+            version_dir=version_dir,
             manifest=manifest,
             tokenizer=TextTokenizer(version_dir / manifest.tokenizer_file, longest),
             prompts=Prompts(manifest.prompts, manifest.default_prompt_name),

@@ -107,6 +107,9 @@ class Manifest:
     # embedding models: each dimension's (min, max) over the served vectors of the builder's text
     # sample, for int8 and uint8 vectors (sentence-transformers' scalar quantization ranges)
     quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # those served vectors themselves ([rows, D] float32 .npy beside the manifest): the ranges of
+    # any shortened size (Matryoshka dimensions) are taken over them
+    quantization_sample: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     format_version: int = FORMAT_VERSION
@@ -318,6 +321,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         normalize=normalize,
         graph_normalizes=graph_normalizes,
         quantization_ranges=ranges,
+        quantization_sample=_optional_file(data, "quantization_sample"),
         format_version=FORMAT_VERSION,
     )
     written = data.get("engine_profiles")
@@ -327,6 +331,13 @@ def manifest_from_dict(data: Any) -> Manifest:
             "builder, or edited): rebuild the model with `python -m builder build`"
         )
     return manifest
+
+
+def _optional_file(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or not value or "/" in value):
+        raise ManifestError(f"manifest field '{key}' must name a file beside the manifest")
+    return value
 
 
 def _input_names(data: dict[str, Any], version: int, family: str) -> tuple[str, ...]:

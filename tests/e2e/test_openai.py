@@ -320,15 +320,31 @@ def test_quantized_vectors_are_sentence_transformers_quantization_of_the_floats(
         assert np.array_equal(decoded, want)
 
 
-def test_int8_is_refused_where_its_ranges_do_not_apply(api):
-    with pytest.raises(openai.BadRequestError) as refused:
-        api.embeddings.create(
-            model="minilm_matryoshka",
-            input="x",
-            dimensions=128,
-            extra_body={"embedding_type": "int8"},
-        )
-    assert refused.value.body["param"] == "embedding_type"
+def test_int8_of_shortened_vectors_uses_ranges_of_the_sample_shortened_alike(stack, api):
+    """Matryoshka dimensions apply before quantizing: int8 of 128 dimensions is cut from the
+    ranges of the builder's sample vectors shortened (and renormalised) the same way."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from python_backend.manifest import load_manifest
+
+    version = stack.repository / "minilm_matryoshka" / "1"
+    sample = np.load(version / load_manifest(version).quantization_sample)
+    head = shorten(sample, 128)
+    ranges = np.stack([head.min(axis=0), head.max(axis=0)])
+    floats = api.embeddings.create(
+        model="minilm_matryoshka", input=TEXTS, dimensions=128, encoding_format="float"
+    )
+    expected = quantize_embeddings(
+        np.array([d.embedding for d in floats.data], dtype=np.float32), "int8", ranges=ranges
+    )
+    answer = api.embeddings.create(
+        model="minilm_matryoshka",
+        input=TEXTS,
+        dimensions=128,
+        encoding_format="float",
+        extra_body={"embedding_type": "int8"},
+    )
+    assert np.array_equal(np.array([d.embedding for d in answer.data]), expected.astype(np.int64))
     binary = api.embeddings.create(
         model="minilm_matryoshka",
         input="x",
