@@ -199,3 +199,16 @@ def test_both_gpu_engines_capture_and_stage_through_the_shared_module(engine):
         assert own not in used, f"{engine} calls {own} itself"
     shared = calls(engines / "cuda_graphs.py")
     assert {"torch.cuda.graph", "torch.cuda.CUDAGraph", "torch.cuda.Stream"} <= shared
+
+
+def test_the_torch_engine_is_calibrated_like_any_other(tmp_path, tiny_classifier_dir):
+    """The builder times the torch engine and fits the planner's cost model on it."""
+    spec = BuildSpec(
+        model_dir=tiny_classifier_dir, repository=tmp_path, name="t", engine="torch",
+        buckets=(16, 32), max_length=32, calibration_repeats=1, quiet=True,
+    )  # fmt: skip
+    manifest = build(spec).manifest
+    table = manifest.calibration["table"]
+    assert table["lengths"] == [16, 32] and all(t > 0 for t in table["times_us"][0] if t)
+    assert manifest.calibration["fit"]["overhead_tokens"] >= 0
+    assert load_manifest(tmp_path / "t" / "1").cost_model == manifest.cost_model
