@@ -75,7 +75,7 @@ def test_minilm_engine_matches_torch_on_each_row_alone_at_every_bucket(tmp_path,
     assert manifest.source["pooling"] == "mean" and manifest.source["normalize"] is True
     assert_engine_matches_reference(version, minilm_dir)
     config = read_config(tmp_path / "minilm" / "config.pbtxt")
-    assert [o.name for o in config.output] == ["EMBEDDING", "NUM_TOKENS"]
+    assert [o.name for o in config.output] == ["EMBEDDING", "NUM_TOKENS", "TIMINGS"]
     assert (version / "model.py").is_file() and (version / "tokenizer.json").is_file()
 
 

@@ -60,7 +60,7 @@ def test_a_cross_encoder_is_a_reranker_with_three_graph_inputs(reranker):
     assert [i.name for i in graph.input] == ["input_ids", "attention_mask", TOKEN_TYPE_INPUT]
     config = read_config(version.parent / "config.pbtxt")
     assert "TEXT_PAIR" in [i.name for i in config.input]
-    assert [o.name for o in config.output] == ["SCORE", "NUM_TOKENS"]
+    assert [o.name for o in config.output] == ["SCORE", "NUM_TOKENS", "TIMINGS"]
 
 
 def test_scores_equal_transformers_on_each_pair_alone(reranker):
