@@ -34,14 +34,11 @@ ROWS = 5000  # cut from the corpus, before duplicates are removed
 NEAR_DUPLICATE = 0.95
 
 
-def served_vectors(texts: list[str], repository: Path) -> tuple[np.ndarray, Manifest]:
-    """The texts' vectors as the server answers them by default, and the built manifest."""
+def built_model(repository: Path) -> tuple[Manifest, Path]:
+    """The default MiniLM as `make serve` builds it (ONNX Runtime; its int8 ranges calibrated on
+    the builder's own sample): its manifest and version folder."""
     from builder.build import build
     from builder.spec import BuildSpec
-    from python_backend.decoding import unit_length
-    from python_backend.engines import open_engine
-    from python_backend.engines.base import BucketLayout, run_rows
-    from python_backend.tokenization import TextTokenizer
 
     result = build(
         BuildSpec(
@@ -49,20 +46,7 @@ def served_vectors(texts: list[str], repository: Path) -> tuple[np.ndarray, Mani
             quiet=True,
         )
     )  # fmt: skip
-    manifest, version_dir = result.manifest, result.version_dir
-    layout = BucketLayout.from_manifest(manifest)
-    rows = TextTokenizer(version_dir / manifest.tokenizer_file, layout.longest_row).encode(
-        texts, truncate=True
-    )
-    engine = open_engine(manifest, version_dir)
-    vectors = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    for a in range(0, len(order), 32):
-        part = order[a : a + 32]
-        length = layout.pad_len(max(len(rows[i]) for i in part))
-        vectors[part] = run_rows(engine, [rows[i] for i in part], length, manifest.pad_token_id)
-    engine.close()
-    return (unit_length(vectors) if manifest.normalize else vectors), manifest
+    return result.manifest, result.version_dir
 
 
 def distinct(vectors: np.ndarray, texts: list[str]) -> list[int]:
@@ -142,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     # the licences alone hold about 650 distinct paragraphs: the packages' own documents too
     docs = tuple(sorted(p for p in Path("/usr/share/doc").iterdir() if p.is_dir()))
     texts = corpus_rows(ROWS, seed=11, dirs=CORPUS_DIRS + docs)
-    vectors, manifest = served_vectors(texts, ROOT / "build" / "quantization-recall")
+    from builder.build import served_vectors
+
+    manifest, version_dir = built_model(ROOT / "build" / "quantization-recall")
+    vectors = served_vectors(manifest, version_dir, texts)
     unique = distinct(vectors, texts)
     if len(unique) < QUERIES + DOCUMENTS:
         raise BenchError(f"only {len(unique)} distinct rows; {QUERIES + DOCUMENTS} are needed")

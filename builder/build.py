@@ -505,31 +505,25 @@ def sample_texts(spec: BuildSpec, count: int) -> list[str]:
         return []
 
 
-def with_quantization_ranges(
-    spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress
-) -> Manifest:
-    """The manifest with each dimension's (min, max) over the served vectors of the sample's
-    texts, as the server answers them by default (normalised where the pipeline says): the
-    ranges int8 and uint8 vectors are cut from."""
-    from python_backend.decoding import unit_length
+def served_vectors(manifest: Manifest, version_dir: Path, texts: list[str]) -> np.ndarray:
+    """The texts' vectors as the server answers them by default ([texts, D] float32): the
+    default prompt, truncated at the longest row, run on the built engine bucket by bucket at its
+    caps, and normalised where the pipeline says."""
+    from python_backend.decoding import Normalization, Prompts, unit_length
     from python_backend.engines import open_engine
     from python_backend.engines.base import BucketLayout, run_rows
     from python_backend.tokenization import TextTokenizer
 
-    texts = sample_texts(spec, QUANTIZATION_SAMPLE_ROWS)
-    if not texts:
-        progress.detail("no text sample: int8 and uint8 vectors will be refused for this model")
-        return manifest
     layout = BucketLayout.from_manifest(manifest)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, layout.longest_row)
-    prefix = manifest.prompts.get(manifest.default_prompt_name or "", "")
+    prefix = Prompts(manifest.prompts, manifest.default_prompt_name).prefix(None)
     rows = tokenizer.encode([prefix + t for t in texts], truncate=True, prompt_chars=len(prefix))
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(layout.pad_len(len(row)), []).append(i)
+    vectors = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
     engine = open_engine(manifest, version_dir)
     try:
-        by_length: dict[int, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_length.setdefault(layout.pad_len(len(row)), []).append(i)
-        vectors = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
         for length, members in by_length.items():
             cap = layout.max_rows(length)
             for a in range(0, len(members), cap):
@@ -539,8 +533,22 @@ def with_quantization_ranges(
                 )
     finally:
         engine.close()
-    if manifest.normalize and not manifest.graph_normalizes:
+    if Normalization(manifest.normalize, manifest.graph_normalizes).applies(None):
         vectors = unit_length(vectors)
+    return vectors
+
+
+def with_quantization_ranges(
+    spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress
+) -> Manifest:
+    """The manifest with each dimension's (min, max) over the served vectors of the sample's
+    texts, as the server answers them by default (normalised where the pipeline says): the
+    ranges int8 and uint8 vectors are cut from."""
+    texts = sample_texts(spec, QUANTIZATION_SAMPLE_ROWS)
+    if not texts:
+        progress.detail("no text sample: int8 and uint8 vectors will be refused for this model")
+        return manifest
+    vectors = served_vectors(manifest, version_dir, texts)
     ranges = (
         tuple(float(x) for x in vectors.min(axis=0)),
         tuple(float(x) for x in vectors.max(axis=0)),

@@ -256,7 +256,8 @@ def create_app(
                 )
             name = backend.models[0]
         info = await backend.info(name)
-        manifest = repository.files(info.name).manifest
+        files = repository.files(info.name)
+        manifest = files.manifest
         family: dict[str, Any] = {}
         if manifest.family == "embedding":
             family = {"pooling": manifest.source.get("pooling"), "dimension": info.output_dim}
@@ -268,7 +269,7 @@ def create_app(
                 "model_id": info.name,
                 "model_type": {manifest.family: family},
                 "family": manifest.family,
-                "max_input_length": repository.files(info.name).longest_row,
+                "max_input_length": files.longest_row,
                 "max_client_batch_size": MAX_INPUTS,
                 "max_rows_per_request": info.max_rows,
                 "max_tokens_per_input": limits.max_tokens_per_input,

@@ -95,6 +95,7 @@ MAX_ID_COLUMNS = 65536
 # the client's address, over anything the client sent; Triton forwards it as a request parameter
 # of the same name (--http-header-forward-pattern, --grpc-header-forward-pattern)
 CLIENT_PARAMETER = "x-planner-client"
+MAX_CLIENT_NAME = 256  # characters
 # which end of a row over the max length is cut (request parameter truncation_side): the text's
 # tokens go from that end; special tokens and the prompt stay
 TRUNCATION_SIDES = ("right", "left")
@@ -110,7 +111,6 @@ def too_long_message(input_name: str, row: int, tokens: int, limit: int) -> str:
 
 
 TOO_LONG_ROW = re.compile(r"^\w+ row (\d+) is (\d+) tokens; the limit is (\d+) ")
-MAX_CLIENT_NAME = 256  # characters
 
 # -- why a request got no outputs -------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -104,19 +103,17 @@ class FrontModel:
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
-        started = time.monotonic()
         asked = self.decoder.decode(request)
-        asked = replace(asked, tokenization_s=time.monotonic() - started)
         self.metrics.request_stage("tokenization", asked.tokenization_s)
         self.client.submit(
             asked.rows,
-            partial(self._respond, sender, started, asked),
+            partial(self._respond, sender, asked),
             asked.timeout_s,
             is_cancelled=request.is_cancelled,
             client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, asked: Admission, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, asked: Admission, outcome: Outcome) -> None:
         if (
             isinstance(outcome, ServeError)
             and outcome.reason is Reason.OWNER_LOST
@@ -125,7 +122,7 @@ class FrontModel:
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
         _send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
-            self.metrics.request_stage("total", time.monotonic() - started)
+            self.metrics.request_stage("total", time.monotonic() - asked.started)
 
     def is_model_ready(self) -> bool:
         """Triton's readiness probe, where Triton asks it (later releases than 2.51): a front

@@ -53,7 +53,7 @@ class TextTokenizer:
         text are its prompt, kept whole."""
         if truncate and side == "left" and prompt_chars:
             return [
-                self._cut_text_tokens(e, prompt_chars, side)
+                np.asarray(e.ids, dtype=np.int64)[self._kept(e, prompt_chars, side)]
                 for e in self._whole.encode_batch(texts)
             ]
         tokenizer = self._truncating[side] if truncate else self._whole
@@ -120,8 +120,3 @@ class TextTokenizer:
         text = np.flatnonzero(~kept)
         kept[text[-budget:] if side == "left" else text[:budget]] = True
         return kept
-
-    def _cut_text_tokens(self, encoding: Any, prompt_chars: int, side: str) -> np.ndarray:
-        """The encoding's ids within ``max_length`` (``_kept``)."""
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        return ids[self._kept(encoding, prompt_chars, side)]

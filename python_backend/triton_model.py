@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,8 @@ class Admission:
     client: str
     normalize: bool = False
     timings: bool = False  # answer TIMINGS too
-    tokenization_s: float = 0.0  # how long decoding it took (set once it is decoded)
+    started: float = 0.0  # time.monotonic() when its decoding began: the request's own clock
+    tokenization_s: float = 0.0  # how long decoding it took
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class RequestDecoder:
 
     def decode(self, request: Any) -> Admission:
         """What one request asks for, or a ServeError saying why not."""
+        started = time.monotonic()
         try:
             parameters = json.loads(request.parameters() or "{}")
         except json.JSONDecodeError:
@@ -163,7 +165,15 @@ class RequestDecoder:
         normalize = self.normalization.applies(options.normalize)
         decoded = decode_request(inputs, options, self.tokenizer, self.limits, self.prompts)
         timeout_s = options.timeout_ms / 1000.0 if options.timeout_ms else None
-        return Admission(decoded.rows, timeout_s, options.client, normalize, options.timings)
+        return Admission(
+            decoded.rows,
+            timeout_s,
+            options.client,
+            normalize,
+            options.timings,
+            started,
+            time.monotonic() - started,
+        )
 
 
 def request_decoder(
@@ -313,22 +323,20 @@ class TritonPythonModel(EngineHost):
         self.scheduler.submit(self._decode(request, sender))
 
     def _decode(self, request: Any, sender: Any) -> Request:
-        started = time.monotonic()
         asked = self.decoder.decode(request)
-        asked = replace(asked, tokenization_s=time.monotonic() - started)
         self.metrics.request_stage("tokenization", asked.tokenization_s)
         return Request(
             rows=asked.rows,
-            respond=partial(self._respond, sender, started, asked),
+            respond=partial(self._respond, sender, asked),
             deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
             is_cancelled=request.is_cancelled,
             client=asked.client,
         )
 
-    def _respond(self, sender: Any, started: float, asked: Admission, outcome: Outcome) -> None:
+    def _respond(self, sender: Any, asked: Admission, outcome: Outcome) -> None:
         _send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
-            self.metrics.request_stage("total", time.monotonic() - started)
+            self.metrics.request_stage("total", time.monotonic() - asked.started)
 
     def finalize(self) -> None:
         self.close_engine(self.scheduler.stop(SHUTDOWN_DRAIN_S))

@@ -29,6 +29,7 @@ import torch
 
 from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
 from python_backend.engines.base import graph_inputs
+from python_backend.manifest import Manifest
 
 Graph = torch.cuda.CUDAGraph  # one captured forward; ``replay`` runs it again
 
@@ -94,6 +95,20 @@ class CudaForwards:
         self._pad_row = {name: pad_rows[name] for name in self.input_names}
         self.out = torch.empty((max_rows, output_dim), dtype=torch.float32, device=self.device)
         self.host_out = torch.empty((max_rows, output_dim), dtype=torch.float32, pin_memory=True)
+
+    @classmethod
+    def for_manifest(cls, manifest: Manifest, device_id: int, engine: str) -> CudaForwards:
+        """Buffers for every forward the manifest's profiles take, on GPU ``device_id``."""
+        profiles = manifest.engine_profiles
+        return cls(
+            device_id,
+            profiles.input_names,
+            manifest.pad_token_id,
+            profiles.max_tokens,
+            profiles.max_rows,
+            manifest.output_dim,
+            engine,
+        )
 
     def on_device(self) -> None:
         """Makes the engine's GPU current on the calling thread (each thread starts on GPU 0)."""

@@ -89,18 +89,9 @@ class TensorRTEngine:
         self.layout = BucketLayout.from_manifest(manifest)
         self.output_name = manifest.output_name
         self.output_dim = manifest.output_dim
-        self.pad_token_id = manifest.pad_token_id
         profiles = manifest.engine_profiles
         # one set of I/O buffers, shared by every context, on the instance's device and stream
-        self.cuda = CudaForwards(
-            device_id,
-            profiles.input_names,
-            manifest.pad_token_id,
-            profiles.max_tokens,
-            profiles.max_rows,
-            self.output_dim,
-            engine="TensorRT",
-        )
+        self.cuda = CudaForwards.for_manifest(manifest, device_id, engine="TensorRT")
         self.device, self.stream = self.cuda.device, self.cuda.stream
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)

@@ -66,16 +66,7 @@ class TorchEngine:
             self.device = torch.device("cpu")
             self.module = load_torch_model(folder, DTYPES[manifest.precision], self.device)
             return
-        profiles = manifest.engine_profiles
-        self.cuda = CudaForwards(
-            device_id,
-            self.input_names,
-            manifest.pad_token_id,
-            profiles.max_tokens,
-            profiles.max_rows,
-            self.output_dim,
-            engine="torch",
-        )
+        self.cuda = CudaForwards.for_manifest(manifest, device_id, engine="torch")
         self.device = self.cuda.device
         self.module = load_torch_model(folder, DTYPES[manifest.precision], self.device)
         # largest forward first: later, smaller graphs reuse the pool's blocks
