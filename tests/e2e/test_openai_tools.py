@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from python_backend.manifest import load_manifest
-from testkit.triton_clients import client, text_inputs
+from testkit.triton_clients import client, infer_error, text_inputs
 from tests.e2e.stack import API_KEY
 from tests.e2e.test_openai import raw
 
@@ -146,6 +146,13 @@ def test_classify_answers_probabilities_and_the_likeliest_class(stack):
         ("/v1/classify", {"model": "classifier", "input": {"text": "a"}}, "input"),
         ("/v1/classify", {"model": "classifier", "input": [[1], [2**63]]}, "input"),
         ("/v1/classify", {"model": "classifier", "input": "a", "truncate": []}, "truncate"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "embedding_type": "int4"}, "embedding_type"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "embedding_type": ["int8"]}, "embedding_type"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "embedding_type": "int8", "normalize": True}, "embedding_type"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "normalize": "no"}, "normalize"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "truncation_side": 5}, "truncation_side"),
+        ("/v1/embeddings", {"model": "minilm", "input": "a", "truncate": "X" * 100_000}, "truncate"),
+        ("/v1/rerank", {"model": "reranker", "query": "q", "documents": ["d"], "truncation_side": "up"}, "truncation_side"),
     ],
 )  # fmt: skip
 def test_every_new_field_of_the_wrong_kind_is_a_400_naming_it(stack, path, body, param):
@@ -188,3 +195,20 @@ def test_answers_say_where_their_time_went(stack, server):
         assert queue + tokenization + inference <= elapsed, model
         plain = c.infer(model, text_inputs("grpc", texts))
         assert plain.as_numpy("TIMINGS") is None  # only when asked
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"timings": "yes"}, "parameter timings must be a bool"),
+        ({"normalize": 1}, "parameter normalize must be a bool"),
+        ({"truncation_side": "x" * 10_000}, "parameter truncation_side must be one of right, left"),
+    ],
+)
+def test_kserve_parameters_of_the_wrong_kind_are_refused_naming_them(stack, parameters, words):
+    headers = {"authorization": HEADERS["authorization"]}
+    c = client(stack, "http")
+    refused = infer_error(c, "minilm", text_inputs("http", ["a row"]), parameters, headers=headers)
+    assert words in refused.message() and len(refused.message()) < 400
+    result = c.infer("minilm", text_inputs("http", ["a row"]), headers=headers)
+    assert result.as_numpy("EMBEDDING").shape == (1, 384)  # and the server still answers
