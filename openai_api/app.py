@@ -27,7 +27,7 @@ from openai_api.backend import (
     TritonBackend,
     check_dimensions,
 )
-from openai_api.errors import OpenAIError, bad_request, error_body
+from openai_api.errors import OpenAIError, bad_request, error_body, model_refusal
 from openai_api.model_files import ModelRepository
 from openai_api.protocol import (
     MAX_INPUTS,
@@ -221,7 +221,7 @@ def create_app(
         try:
             prompt = files.prompts.prefix(query.prompt_name)
         except ServeError as err:
-            raise bad_request(str(err), param="prompt_name") from None
+            raise model_refusal(str(err)) from None
         truncate = query.truncation.truncate
         rows = files.tokenizer.spans(
             query.texts,

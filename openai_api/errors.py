@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -60,7 +61,21 @@ TRITON_STATUS = {
 }
 
 
+# the model's refusal of a request parameter; the /v1 field of the same name carried it
+MODEL_PARAMETER_REFUSAL = re.compile(r"parameter ([a-z_]+) (.*)", re.DOTALL)
+
+
+def model_refusal(message: str, where: str = "") -> OpenAIError:
+    """A 400 for what the model refused; one of its request parameters named as the field."""
+    parameter = MODEL_PARAMETER_REFUSAL.fullmatch(message)
+    if parameter is None:
+        return bad_request(f"{where}{message}")
+    name, rest = parameter.groups()
+    return bad_request(f"{where}`{name}` {rest}", param=name)
+
+
 def from_triton(status: str | None, message: str, where: str = "") -> OpenAIError:
     http, kind = TRITON_STATUS.get(status or "", (500, "server_error"))
-    text = f"{where}{message}" if http == 400 else message
-    return OpenAIError(http, text, kind=kind, code="overloaded" if http == 503 else None)
+    if http == 400:
+        return model_refusal(message, where)
+    return OpenAIError(http, message, kind=kind, code="overloaded" if http == 503 else None)

@@ -34,10 +34,14 @@ from python_backend.values import (
     parse_bool,
     text,
 )
-from tools.triton_server import local_host, set_parent_death_signal
+from tools.triton_server import free_port, local_host, set_parent_death_signal
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = ROOT / "docker" / "nginx" / "front-door.conf.template"
+NGINX_FILES = ROOT / "docker" / "nginx"
+TEMPLATE = NGINX_FILES / "front-door.conf.template"  # http{}: routes, keys, limits
+STREAM_TEMPLATE = NGINX_FILES / "front-door.conf.stream-template"  # stream{}: the public ports
+TEMPLATES = (TEMPLATE, STREAM_TEMPLATE)
+SCRIPT = NGINX_FILES / "front-door.js"  # the repeated-header check (njs)
 
 # An API key goes into nginx's configuration as a literal string: only characters that need no
 # quoting there (those of base64, base64url and hex keys)
@@ -176,9 +180,17 @@ class FrontDoorSettings:
     upstream_timeout_s: int = field(
         default=60, metadata=from_env("UPSTREAM_TIMEOUT_S", int_at_least(1))
     )
+    # requests in progress per client (each HTTP/2 stream counts)
     max_connections_per_client: int = field(
         default=256, metadata=from_env("MAX_CONNECTIONS_PER_CLIENT", int_at_least(1))
     )
+    # open connections per client address, idle keep-alive ones too
+    max_open_connections_per_client: int = field(
+        default=512, metadata=from_env("MAX_OPEN_CONNECTIONS_PER_CLIENT", int_at_least(1))
+    )
+    # where the TCP layer passes connections to the HTTP servers: loopback ports of their own
+    inner_http_address: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
+    inner_grpc_address: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
 
     def __post_init__(self) -> None:
         for f in declared(FrontDoorSettings):  # built in code: the same rules as from the env
@@ -221,28 +233,72 @@ class FrontDoorSettings:
             "CLIENT_TIMEOUT_S": str(self.client_timeout_s),
             "UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
             "MAX_CONNECTIONS_PER_CLIENT": str(self.max_connections_per_client),
+            "MAX_OPEN_CONNECTIONS_PER_CLIENT": str(self.max_open_connections_per_client),
+            "INNER_HTTP_ADDRESS": self.inner_http_address,
+            "INNER_GRPC_ADDRESS": self.inner_grpc_address,
+            "FRONT_DOOR_SCRIPT": str(SCRIPT),
         }
+
+
+NAME = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+
+
+def template_names() -> set[str]:
+    """The ${NAME}s the front door's templates use: what every deployment must set."""
+    return {name for template in TEMPLATES for name in NAME.findall(template.read_text())}
 
 
 def render_template(text: str, values: dict[str, str]) -> str:
     """${NAME} -> value for the names given, as the nginx image's envsubst does; others stay."""
-    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)\}", lambda m: values.get(m.group(1), m.group(0)), text)
+    return NAME.sub(lambda m: values.get(m.group(1), m.group(0)), text)
 
 
 WORKER_USER = ("nobody", "nogroup")  # who the worker processes run as when started by root
 
 
+def dynamic_modules(build: str) -> list[Path]:
+    """The module files this nginx must load for the front door, from what ``nginx -V`` printed
+    (``build``): the stream module where it is built as one (Debian's), and njs, which always is
+    (Debian's libnginx-mod-stream and libnginx-mod-http-js; the nginx image carries both)."""
+    options = build.split()
+    found = [o.split("=", 1)[1] for o in options if o.startswith("--modules-path=")]
+    prefix = [o.split("=", 1)[1] for o in options if o.startswith("--prefix=")]
+    folder = Path(found[0] if found else f"{prefix[0] if prefix else '/usr/share/nginx'}/modules")
+    wanted = ["ngx_http_js_module.so"]
+    if "--with-stream=dynamic" in options:
+        wanted.insert(0, "ngx_stream_module.so")
+    elif "--with-stream" not in options:
+        raise FrontDoorError("this nginx is built without its stream module")
+    paths = [folder / name for name in wanted]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise FrontDoorError(
+            f"nginx modules missing from {folder}: {', '.join(missing)} (`make setup` installs "
+            "Debian's libnginx-mod-stream and libnginx-mod-http-js)"
+        )
+    return paths
+
+
 def main_config(
-    prefix: Path, included: Path, temp_dir: Path, worker_connections: int = 4096
+    prefix: Path,
+    included: Path,
+    stream_included: Path,
+    temp_dir: Path,
+    modules: list[Path],
+    worker_connections: int = 8192,
 ) -> str:
-    """An nginx.conf that keeps its files under `prefix` and includes the rendered template."""
+    """An nginx.conf that keeps its files under `prefix` and includes the rendered templates.
+    Each public connection holds four of ``worker_connections``: the client's and the TCP
+    layer's, the HTTP server's and its upstream's."""
     temp = {name: temp_dir / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
     user = f"user {' '.join(WORKER_USER)};\n" if os.geteuid() == 0 else ""
     return (
-        f"{user}worker_processes auto;\n"
+        "".join(f"load_module {module};\n" for module in modules)
+        + f"{user}worker_processes auto;\n"
         f"pid {prefix / 'nginx.pid'};\n"
         f"error_log {prefix / 'error.log'} warn;\n"
         f"events {{ worker_connections {worker_connections}; }}\n"
+        f"stream {{\n    include {stream_included};\n}}\n"
         "http {\n"
         f"    access_log off;\n"
         f"    client_body_temp_path {temp['body']};\n"
@@ -260,6 +316,11 @@ def nginx_binary() -> str:
         if candidate and Path(candidate).is_file():
             return candidate
     raise FrontDoorError("nginx is not installed: `make setup` installs Debian's nginx-light")
+
+
+def nginx_build() -> str:
+    """What ``nginx -V`` prints: its version and configure options."""
+    return subprocess.run([nginx_binary(), "-V"], capture_output=True, text=True).stderr
 
 
 def port_open(host: str, port: int) -> bool:
@@ -302,12 +363,17 @@ class FrontDoor:
     def write_config(self) -> Path:
         self.prefix.mkdir(parents=True, exist_ok=True)
         rendered = self.prefix / "front-door.conf"
+        stream_rendered = self.prefix / "front-door-stream.conf"
         keys = self.prefix / "keys.map"
         keys.write_text(keys_map(self.settings.api_key, self.settings.named_keys()))
         keys.chmod(0o600)
         values = self.settings.template_values(str(keys))
         rendered.write_text(render_template(TEMPLATE.read_text(), values))
-        self.config_path.write_text(main_config(self.prefix, rendered, self.make_temp_dir()))
+        stream_rendered.write_text(render_template(STREAM_TEMPLATE.read_text(), values))
+        modules = dynamic_modules(nginx_build())
+        self.config_path.write_text(
+            main_config(self.prefix, rendered, stream_rendered, self.make_temp_dir(), modules)
+        )
         return self.config_path
 
     def check(self) -> None:

@@ -4,12 +4,17 @@
 #   libb64-0d      - perf_analyzer (from the tritonclient wheel) links libb64
 #   docker-compose - validates docker-compose.yml in the tests (no Docker engine needed)
 #   nginx-light    - the front door: the only public entry to Triton (tools/front_door.py)
+#   libnginx-mod-stream, libnginx-mod-http-js - its TCP layer (open connections per client)
+#                    and its repeated-header check (njs)
 set -euo pipefail
 needed=()
 ldconfig -p | grep -q 'libpython3\.11\.so\.1\.0' || needed+=(libpython3.11)
 ldconfig -p | grep -q 'libb64\.so\.0d' || needed+=(libb64-0d)
 command -v docker-compose >/dev/null || needed+=(docker-compose)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || needed+=(nginx-light)
+modules=/usr/lib/nginx/modules
+[ -f $modules/ngx_stream_module.so ] || needed+=(libnginx-mod-stream)
+[ -f $modules/ngx_http_js_module.so ] || needed+=(libnginx-mod-http-js)
 if [ ${#needed[@]} -eq 0 ]; then
   exit 0
 fi

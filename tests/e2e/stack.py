@@ -26,6 +26,8 @@ SHORT_LIMITS = {
     "CLIENT_TIMEOUT_S": "2",
     "UPSTREAM_TIMEOUT_S": "30",
     "MAX_CONNECTIONS_PER_CLIENT": "24",
+    # open connections, idle ones too: above what the suite's own clients hold at once
+    "MAX_OPEN_CONNECTIONS_PER_CLIENT": "128",
     "EXIT_TIMEOUT_S": "10",
     # probes add rows to the model's metrics: off unless a test asks for them
     "PROBE_INTERVAL_S": "3600",

@@ -449,23 +449,103 @@ def test_compressed_requests_are_refused_before_anything_inflates_them(
     assert "compressed" in err.message()
 
 
-def test_a_second_content_encoding_never_reaches_triton(stack, still_serving):
-    """nginx checks the first Content-Encoding; a Triton that read the last would inflate a gzip
-    body sent behind `identity`. The door strips the header upstream, so no version can. (Triton
-    2.51 reads the first too: here the end-to-end property holds either way, and this test keeps
-    it holding.)"""
+@pytest.mark.parametrize("path", [INFER_PATH, "/v1/embeddings", "/v2/models/minilm"])
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n", b"content-encoding"),
+        (b"content-encoding: identity\r\nContent-Encoding: identity\r\n", b"content-encoding"),
+        (f"Authorization: Bearer {API_KEY}\r\n".encode(), b"uthorization"),
+    ],
+    ids=["encodings", "same encoding twice", "authorization"],
+)
+def test_a_repeated_header_is_refused_on_every_route(stack, still_serving, path, extra, named):
+    """nginx 1.22 reads the first of several lines, a server behind it may read the last: a
+    gzip body behind `identity` would be inflated there. The door refuses the request instead
+    (a second Authorization: nginx's own 400; the encodings: the door's, naming the header)."""
     import gzip
 
-    extra = b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n"
-    answer = exchange(stack.http_port, request_bytes(gzip.compress(VALID_BODY), extra=extra))
-    # refused at the door, or the gzip bytes read as the JSON they are not (by the body check,
-    # or by Triton): never inflated
-    inflated = status_of(answer) == 200
-    assert not inflated and (
-        status_of(answer) == 415
-        or b"parse the request JSON" in answer
-        or b"the request is not valid JSON" in answer
-    )
+    body = VALID_BODY if path != "/v1/embeddings" else b'{"model":"minilm","input":"hi"}'
+    answer = exchange(stack.http_port, request_bytes(gzip.compress(body), path=path, extra=extra))
+    assert status_of(answer) == 400, answer[:300]
+    if named == b"content-encoding":
+        assert b"the content-encoding header is sent more than once" in answer
+
+
+def grpc_call_with_headers(stack, lines: list[str]) -> dict[str, str]:
+    """A ModelInfer call whose HTTP/2 headers are exactly ``lines`` (plus gRPC's own), sent by
+    curl: gRPC libraries refuse to send their reserved headers twice. Its answer's headers."""
+    import struct
+    import subprocess
+
+    request = text_inputs("grpc", ["x"])
+    message = grpcclient.service_pb2.ModelInferRequest(model_name="minilm")
+    for one in request:
+        message.inputs.extend([one._get_tensor()])
+        message.raw_input_contents.extend([one._get_content()])
+    payload = message.SerializeToString()
+    framed = b"\x00" + struct.pack(">I", len(payload)) + payload
+    command = ["curl", "-s", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null"]
+    for line in ["content-type: application/grpc", "te: trailers", *lines]:
+        command += ["-H", line]
+    command += ["--data-binary", "@-", f"http://{stack.grpc_url}{GRPC_INFER}"]
+    # curl may exit 92 when nginx answers before reading the message: the headers still came
+    out = subprocess.run(command, input=framed, capture_output=True, timeout=10)
+    headers = {}
+    for line in out.stdout.decode().splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def test_a_grpc_call_that_repeats_its_encoding_or_key_is_refused(stack, still_serving):
+    key = f"authorization: Bearer {API_KEY}"
+    # the same call with each header once is served: the refusals below are the repetition's
+    assert grpc_call_with_headers(stack, [key, "grpc-encoding: identity"])["grpc-status"] == "0"
+    refused = grpc_call_with_headers(stack, [key, "grpc-encoding: identity", "grpc-encoding: gzip"])
+    assert refused["grpc-status"] == "3"  # INVALID_ARGUMENT
+    assert "grpc-encoding header is sent more than once" in refused["grpc-message"]
+    twice = grpc_call_with_headers(stack, [key, key])
+    assert twice.get("grpc-status") != "0", twice  # nginx's own 400, or the door's refusal
+
+
+def test_idle_connections_past_the_bound_are_closed_and_the_rest_still_served(
+    stack, tokenizer, reference_model
+):
+    """Idle keep-alive connections hold a worker connection each, and nginx's own limit counts
+    only requests in progress: 127.0.0.3 opens connections one by one, each asks for health
+    once and then stays open, idle. Past the bound, a new one is closed before it is answered;
+    those within it still serve; 127.0.0.1 is served meanwhile."""
+    bound = int(SHORT_LIMITS["MAX_OPEN_CONNECTIONS_PER_CLIENT"])
+    health = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    held = []
+    try:
+        answered = []
+        for _ in range(bound + 4):
+            s = socket.create_connection(
+                ("127.0.0.1", stack.http_port), timeout=5, source_address=("127.0.0.3", 0)
+            )
+            held.append(s)
+            with contextlib.suppress(OSError):
+                s.sendall(health)
+            answered.append(read_until_closed(s).startswith(b"HTTP/1.1 200"))
+        assert answered == [True] * bound + [False] * 4
+        text = "served beside idle connections"
+        embedding, _ = infer(
+            client(stack, "http"), "minilm", text_inputs("http", [text]), headers=auth()
+        )
+        expected = reference_model(tokenizer.encode([text], truncate=True))
+        assert np.abs(embedding - expected).max() <= TOLERANCE
+        # the first, idle all this while, is still open and still serves
+        held[0].sendall(request_bytes())
+        assert read_until_closed(held[0]).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -212,3 +212,52 @@ def test_kserve_parameters_of_the_wrong_kind_are_refused_naming_them(stack, para
     assert words in refused.message() and len(refused.message()) < 400
     result = c.infer("minilm", text_inputs("http", ["a row"]), headers=headers)
     assert result.as_numpy("EMBEDDING").shape == (1, 384)  # and the server still answers
+
+
+# every field each /v1 route reads, beside a valid body for it
+ROUTE_FIELDS = {
+    "/v1/embeddings": (
+        {"model": "minilm", "input": "a"},
+        ("model", "input", "encoding_format", "dimensions", "normalize", "embedding_type",
+         "prompt_name", "input_type", "truncation_side", "truncate"),
+    ),
+    "/v1/rerank": (
+        {"model": "reranker", "query": "q", "documents": ["d"]},
+        ("model", "query", "documents", "top_n", "return_documents", "raw_scores",
+         "truncation_side", "truncate"),
+    ),
+    "/v1/classify": (
+        {"model": "classifier", "input": "a"},
+        ("model", "input", "truncation_side", "truncate"),
+    ),
+    "/v1/tokenize": (
+        {"model": "minilm", "inputs": "a"},
+        ("model", "inputs", "add_special_tokens", "prompt_name", "input_type", "truncation_side",
+         "truncate"),
+    ),
+    "/v1/decode": ({"model": "minilm", "ids": [101]}, ("model", "ids", "skip_special_tokens")),
+}  # fmt: skip
+# values of every JSON kind, and integers past what 64 bits hold
+VALUES = [True, 7, -1, 1.5, 2**64, -(2**63) - 1, "", "x", [], [1], ["x"], [[1]], {}, {"a": [1]}]
+
+
+@pytest.mark.parametrize("path", sorted(ROUTE_FIELDS))
+def test_every_field_of_every_route_takes_any_json_value_and_names_itself_when_refused(stack, path):
+    """Each field the route reads set, in turn, to a value of each JSON kind: answered, or a 400
+    whose message and `param` name that field. Never a 500, never a dropped connection, and the
+    same processes serve afterwards."""
+    base, fields = ROUTE_FIELDS[path]
+    before = stack.server_processes()
+    outcomes = set()
+    for name in fields:
+        for value in VALUES:
+            status, answer = call(stack, path, {**base, name: value})
+            assert status in (200, 400, 404), (name, value, status, answer)
+            if status != 200:  # 404: a model name of the right kind that is not served
+                error = answer["error"]  # type: ignore[index]
+                assert error["param"] == name, (name, value, error)
+                assert status == 404 or f"`{name}" in error["message"], (name, value, error)
+            outcomes.add(status)
+    assert 400 in outcomes
+    assert stack.server_processes() == before, "a process of the deployment was restarted"
+    assert len(ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": "still here"})[0]) == 4

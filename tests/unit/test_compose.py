@@ -89,16 +89,23 @@ def test_only_the_front_door_publishes_ports_and_metrics_stay_on_loopback(compos
 
 
 def test_the_front_door_renders_the_template_make_serve_renders(compose):
-    from tools.front_door import TEMPLATE, FrontDoorSettings
+    from tools.front_door import SCRIPT, TEMPLATES, FrontDoorSettings, template_names
 
     door = compose["services"]["front-door"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in door["volumes"]}
-    template = mounts["/etc/nginx/templates/front-door.conf.template"]
-    assert Path(template).resolve() == TEMPLATE
+    for template in TEMPLATES:
+        assert Path(mounts[f"/etc/nginx/templates/{template.name}"]).resolve() == template
+    # the header check where the template imports it, and the main configuration that loads
+    # njs and includes the stream templates the image renders
+    environment = door["environment"]
+    assert Path(mounts[environment["FRONT_DOOR_SCRIPT"]]).resolve() == SCRIPT
+    main = Path(mounts["/etc/nginx/nginx.conf"]).resolve()
+    assert main == SCRIPT.parent / "nginx.conf"
+    assert "include /etc/nginx/stream-conf.d/*.conf;" in main.read_text()
     # the image's envsubst replaces only names set in its environment: every one must be
-    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
-    # the keys map's script reads the keys; the template reads the rest
-    assert named == set(door["environment"]) - {"API_KEY", "API_KEYS"}
+    named = template_names()
+    # the keys map's script reads the keys; the templates read the rest
+    assert named == set(environment) - {"API_KEY", "API_KEYS"}
     example = FrontDoorSettings(*(f"t:{n}" for n in range(6))).template_values()
     assert named == set(example)
 

@@ -8,12 +8,13 @@ import re
 import pytest
 
 from tools.front_door import (
-    TEMPLATE,
+    TEMPLATES,
     FrontDoor,
     FrontDoorError,
     FrontDoorSettings,
     check_api_key,
     render_template,
+    template_names,
 )
 from tools.serve import restricted_api_args
 
@@ -28,11 +29,11 @@ def test_rendering_replaces_only_the_names_given_and_keeps_nginx_variables():
     assert out == f"a {'k' * 16} b ${{OTHER}} c $http_authorization d 8m"
 
 
-def test_every_name_in_the_template_is_a_setting():
-    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
-    assert named == set(settings().template_values())
-    rendered = render_template(TEMPLATE.read_text(), settings().template_values())
-    assert "${" not in rendered
+def test_every_name_in_the_templates_is_a_setting():
+    assert template_names() == set(settings().template_values())
+    for template in TEMPLATES:
+        assert re.findall(r"\$\{", template.read_text()), template  # each is rendered
+        assert "${" not in render_template(template.read_text(), settings().template_values())
 
 
 @pytest.mark.parametrize(

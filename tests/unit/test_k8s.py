@@ -129,17 +129,27 @@ def test_service_ports_reach_the_front_door_and_never_triton():
 
 
 def test_the_front_door_renders_the_template_every_deployment_renders():
-    from tools.front_door import TEMPLATE
+    from tools.front_door import SCRIPT, TEMPLATES, template_names
 
     door = containers(pod_spec())["front-door"]
-    named = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", TEMPLATE.read_text()))
-    # every name the template uses is set; NVIDIA_VISIBLE_DEVICES is the runtime's, not nginx's
+    # every name the templates use is set; NVIDIA_VISIBLE_DEVICES is the runtime's, not nginx's
     # (the keys map's script reads API_KEY)
-    assert named == {e["name"] for e in door["env"]} - {"NVIDIA_VISIBLE_DEVICES", "API_KEY"}
-    mounts = {m["mountPath"]: m["name"] for m in door["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in door["env"]}
+    assert template_names() == set(env) - {"NVIDIA_VISIBLE_DEVICES", "API_KEY"}
+    mounts = {m["mountPath"]: m for m in door["volumeMounts"]}
     copy = " ".join(containers(pod_spec(), init=True)["front-door-files"]["args"])
-    assert f"/app/{TEMPLATE.relative_to(ROOT)}" in copy
-    assert mounts["/etc/nginx/templates"] == "front-door-templates"
+    for template in TEMPLATES:
+        assert f"/app/{template.relative_to(ROOT)} /front-door/templates/" in copy
+    assert mounts["/etc/nginx/templates"]["name"] == "front-door-templates"
+    # the main configuration (njs, the stream block) and the header check, from the same copy
+    for path, name in (
+        (env["FRONT_DOOR_SCRIPT"], SCRIPT.name),
+        ("/etc/nginx/nginx.conf", "nginx.conf"),
+    ):
+        assert f"/app/{(SCRIPT.parent / name).relative_to(ROOT)}" in copy
+        assert mounts[path]["subPath"] == name and mounts[path]["name"] == "front-door-main"
+    # the user the container runs as may write where the image renders the stream template
+    assert mounts["/etc/nginx/stream-conf.d"]["name"] == "front-door-stream-conf"
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert door["image"] == compose["services"]["front-door"]["image"]
     api_key = next(e for e in door["env"] if e["name"] == "API_KEY")

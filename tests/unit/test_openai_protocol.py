@@ -178,6 +178,18 @@ def test_triton_failures_map_to_openai_statuses(status, http):
     assert err.message == ("inputs 0..3: boom" if http == 400 else "boom")
 
 
+def test_a_request_parameter_the_model_refused_is_named_as_its_field():
+    message = "parameter prompt_name 'x' is not a prompt of this model (its prompts: none)"
+    err = from_triton("StatusCode.INVALID_ARGUMENT", message, "inputs 0..3: ")
+    assert (err.status, err.param) == (400, "prompt_name")
+    assert (
+        err.message
+        == "inputs 0..3: `prompt_name` 'x' is not a prompt of this model (its prompts: none)"
+    )
+    # a refusal that names no parameter keeps its words and names no field
+    assert from_triton("StatusCode.INVALID_ARGUMENT", "TEXT row 0 is empty").param is None
+
+
 def test_rerank_requests_in_tei_and_cohere_shapes():
     from openai_api.protocol import parse_rerank
 
