@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from bench.errors import BenchError, reports_errors
 from bench.harness import (
@@ -55,6 +56,16 @@ class Served:
     stable: bool
     cpu_us_per_request: dict[str, float]  # by process role: triton, front(s), owner, model
     rows_per_forward: float  # what the planners made of the rows they saw
+    # the rest of the machine's busy CPU per request: the client (perf_analyzer) and whatever
+    # else ran on the shared machine meanwhile
+    other_us_per_request: float = 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy so far (not idle, waiting on I/O, or
+    taken by the hypervisor)."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
 def stub_role(pid: int) -> str:
@@ -113,9 +124,11 @@ def serve_once(
         metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
         forwards_before = forward_stats(metrics, model)
         before = {pid: cpu_seconds(pid) for pid in pids}
+        busy_before = machine_busy_seconds()
         started = time.monotonic()
         point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
         wall = time.monotonic() - started
+        busy = machine_busy_seconds() - busy_before
         time.sleep(0.6)  # the models publish their metrics every 0.25 s
         done = forwards_between(forwards_before, forward_stats(metrics, model)).values()
         spent: dict[str, float] = defaultdict(float)
@@ -125,9 +138,10 @@ def serve_once(
         server.stop()
     requests_per_s = point.rows_per_s / rows
     per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
+    other = max(0.0, busy - sum(spent.values())) / wall / requests_per_s * 1e6
     forwards = sum(bucket["forwards"] for bucket in done)
     per_forward = sum(b["rows"] for b in done) / forwards if forwards else float("nan")
-    return Served(point.rows_per_s, point.p99_ms, stable, per_request, per_forward)
+    return Served(point.rows_per_s, point.p99_ms, stable, per_request, per_forward, other)
 
 
 def label(fronts: int) -> str:

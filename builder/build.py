@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from builder import buckets as bucket_choice
+from builder.cores import default_fronts
 from builder.opt_shapes import OptChoice, planned_opt_rows
 from builder.spec import BuildError, BuildSpec, option
 from builder.triton_config import (
@@ -592,9 +593,12 @@ def calibrate_cost(
 def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress: Progress) -> None:
     manifest.write(version_dir)
     on_gpu = manifest.runs_on_gpu
-    split = spec.fronts > 0
+    fronts = spec.fronts
+    if fronts is None:
+        fronts = default_fronts(on_gpu, spec.cores, spec.gpus, spec.instances_per_gpu)
+    split = fronts > 0
     if split:
-        instances = front_instances(spec.fronts, on_gpu, spec.gpus)
+        instances = front_instances(fronts, on_gpu, spec.gpus)
     else:
         instances = gpu_instances(spec.gpus, spec.instances_per_gpu) if on_gpu else cpu_instance()
     config = model_config(
@@ -622,7 +626,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         f"{version_dir.parent}: config.pbtxt, 1/manifest.json, 1/model.py, "
         f"1/{', 1/'.join(manifest.engine_files)}, 1/tokenizer.json"
         + (
-            f"; {owner_dir}: its queue owner, fed by {spec.fronts} front(s)"
+            f"; {owner_dir}: its queue owner, fed by {fronts} front(s)"
             + (" per GPU" if on_gpu else "")
             if split
             else ""

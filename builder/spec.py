@@ -130,11 +130,19 @@ class BuildSpec:
         "TensorRT only: model instances (each its own queue, engine and stub process) per GPU",
         default=1,
     )
-    fronts: int = _opt(
+    fronts: int | None = _opt(
         "front instances per GPU (0: one model that decodes, plans and runs in one process). "
         "With N >= 1, the model is split: N fronts decode, tokenize and answer, and one queue "
-        "owner per GPU (the model NAME_owner) plans and runs every row (docs/ARCHITECTURE.md)",
-        default=0,
+        "owner per GPU (the model NAME_owner) plans and runs every row (docs/ARCHITECTURE.md). "
+        "auto (the default): on a GPU, half the cores per GPU (--cores), at least 1; on the "
+        "CPU, 0 (the engine takes the cores there)",
+        default=None,
+        type=lambda text: None if text == "auto" else int(text),
+    )
+    cores: int | None = _opt(
+        "CPU cores the server will have, for --fronts auto (default: the cores this process "
+        "may use, within its container's CPU limit)",
+        default=None,
     )
     quiet: bool = _opt("print only errors", default=False)
 
@@ -153,9 +161,11 @@ class BuildSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BuildError(f"{option(name)} must be >= 1")
-        if self.fronts < 0:
-            raise BuildError("--fronts must be >= 0")
-        if self.fronts > 0 and self.instances_per_gpu > 1:
+        if self.fronts is not None and self.fronts < 0:
+            raise BuildError("--fronts must be >= 0 (or auto)")
+        if self.cores is not None and self.cores < 1:
+            raise BuildError("--cores must be >= 1")
+        if self.fronts and self.instances_per_gpu > 1:
             raise BuildError(
                 "--fronts and --instances-per-gpu exclude each other: with fronts, one queue "
                 "owner per GPU sees every row"
@@ -218,7 +228,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(option(f.name), action="store_true", help=meta["help"])
             continue
         kind: Any = str
-        if "list_of" not in meta:
+        if "type" in meta:
+            kind = meta["type"]
+        elif "list_of" not in meta:
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
             if "Path" in str(f.type):
                 kind = Path

@@ -257,3 +257,12 @@ def test_the_values_the_pod_restates_are_the_declared_defaults():
         shared = set(env) & set(declared) - {"API_KEY"}  # from a Secret
         assert shared, container
         assert {n: env[n] for n in shared} == {n: declared[n] for n in shared}, container
+
+
+def test_the_builder_counts_the_cores_triton_will_have_for_its_fronts():
+    build = containers(pod_spec(), init=True)["build-engines"]
+    assert "--cores=$(TRITON_CPUS)" in build["args"]
+    source = next(e for e in build["env"] if e["name"] == "TRITON_CPUS")["valueFrom"]
+    field = source["resourceFieldRef"]
+    assert (field["containerName"], field["resource"]) == ("triton", "limits.cpu")
+    assert "triton" in containers(pod_spec())
