@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +32,15 @@ from bench.cost_tables import gpu_table, read_lengths
 from bench.docs import write_section
 from bench.errors import reports_errors
 from bench.paths import LENGTHS, ROOT
-from bench.sim.cpu import CpuCosts, Layout, ProcessCost, predict
+from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, predict
+from builder.cores import default_fronts
 
 COSTS_FILE = ROOT / "bench" / "data" / "cpu_costs.json"
+PLOT = ROOT / "docs" / "cpu_model.png"
 BEGIN, END = "<!-- cpu-model:begin -->", "<!-- cpu-model:end -->"
 ROWS = (1, 8, 64)
 CLIENTS = {1: 64, 8: 32, 64: 8}  # 64, 256 and 512 rows in flight
 LAYOUTS = (0, 1, 2)  # today's one process, then 1 and 2 fronts (bench.fronts.variant)
-CALIBRATION_FRONTS = 1
-CALIBRATION_ROWS = (1, 64)
 
 
 def measure(rounds: int, ms: int, repository: Path) -> dict[str, object]:
@@ -70,109 +69,287 @@ def measure(rounds: int, ms: int, repository: Path) -> dict[str, object]:
     return {"cores": os.cpu_count(), "measurement_ms": ms, "points": points}
 
 
-def mean_by(points: list[dict], key: str) -> dict[tuple[int, int], float]:
-    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for p in points:
-        groups[(p["fronts"], p["rows"])].append(float(p[key]))
-    return {k: float(np.mean(v)) for k, v in groups.items()}
+OWNER_ROWS = (1, 64)
 
 
-def role_costs(points: list[dict], fronts: int, rows: tuple[int, ...]) -> CpuCosts:
-    """Each role's cost line, fitted on the runs of one layout at the given rows per request;
-    the client too (it shares these cores)."""
-    by_role: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for p in points:
-        if p["fronts"] != fronts or p["rows"] not in rows:
-            continue
-        for role, us in {**p["cpu_us_per_request"], "client": p["client_us_per_request"]}.items():
-            by_role[role][p["rows"]].append(float(us))
-    return CpuCosts(
-        {
-            role: ProcessCost.fitted({r: float(np.mean(v)) for r, v in by_rows.items()})
-            for role, by_rows in by_role.items()
-        }
-    )
+def measure_owner_alone(rounds: int, seconds: float) -> dict[str, float]:
+    """The owner's CPU per request with a core of its own (``bench.owner_alone``: pinned, fed by
+    2 processes as 2 fronts, as many requests in flight as the served runs), by rows per
+    request: what a node's owner costs where it does not share its core."""
+    from bench.owner_alone import one_round
+
+    out = {}
+    for rows in OWNER_ROWS:
+        spent = []
+        for _ in range(rounds):
+            rate, owner_share, _ = one_round(rows, CLIENTS[rows], seconds, feeders=2)
+            spent.append(owner_share / (rate / rows) * 1e6)
+            print(f"owner alone, {rows} rows a request: {spent[-1]:.0f} us a request", flush=True)
+        out[str(rows)] = float(np.mean(spent))
+    return out
+
+
+def costs_of(points: list[dict], fronts: int, rows: int) -> CpuCosts:
+    """One layout's mean CPU per request by role (the client's too: it shares these cores), at
+    ``rows`` rows per request; the serial time of one front (one process) from the runs where
+    one front (one process) served alone: 1 / its requests/s."""
+    mine = [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+    roles = {role for p in mine for role in p["cpu_us_per_request"]}
+    us = {role: float(np.mean([p["cpu_us_per_request"][role] for p in mine])) for role in roles}
+    us["client"] = float(np.mean([p["client_us_per_request"] for p in mine]))
+    alone = [p for p in points if p["fronts"] == min(fronts, 1) and p["rows"] == rows]
+    requests_per_s = float(np.mean([p["rows_per_s"] / rows for p in alone]))
+    # the scheduler's CPU, in series with the forwards: the owner's; today's model does the same
+    # work inside its one process, where it is not measured apart: the 1-front owner's
+    owner = us.get("owner")
+    if owner is None:
+        split = [p for p in points if p["fronts"] == 1 and p["rows"] == rows]
+        owner = float(np.mean([p["cpu_us_per_request"]["owner"] for p in split])) if split else 0.0
+    return CpuCosts(us, 1e6 / requests_per_s, owner)
 
 
 def layout_of(fronts: int) -> Layout:
     return Layout(fronts=fronts) if fronts > 0 else Layout(instances=1)
 
 
-def validation(data: dict) -> tuple[str, CpuCosts, CpuCosts]:
+def validation(data: dict) -> str:
     points = data["points"]
     cores = float(data["cores"])
-    split = role_costs(points, CALIBRATION_FRONTS, CALIBRATION_ROWS)
-    single = role_costs(points, 0, CALIBRATION_ROWS)
-    served = mean_by(points, "rows_per_s")
+    rounds = max(p["round"] for p in points)
     lines = [
-        f"Measured on this machine ({data['cores']} cores), {max(p['round'] for p in points)} "
-        "rounds; each process's cost per request fitted on the runs marked (fit): the split "
-        f"layout's on {CALIBRATION_FRONTS} front at {' and '.join(map(str, CALIBRATION_ROWS))} "
-        "rows, today's on its own runs at the same sizes. Zero-time engine: the server's own "
-        "ceiling.",
+        f"Measured on this machine ({data['cores']} cores; the client shares them), {rounds} "
+        "rounds alternating, zero-time engine (the server's own ceiling), means of the rounds. "
+        "Each process's CPU per request is that layout's own, at that size; the serial time of "
+        "a front (or of the one process) is measured where one front (one process) serves "
+        "alone, so those rows meet their own serial time by construction (marked *): the rows "
+        "of 2 fronts are the test. For 2 fronts the prediction from the 1-front costs is shown "
+        "too.",
         "",
-        "| layout | rows per request | clients | served rows/s (mean) | predicted rows/s | predicted / served | bound |",
-        "|---|---|---|---|---|---|---|",
+        "| layout | rows per request | clients | served rows/s | predicted rows/s | predicted / served | bound | from the 1-front costs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (fronts, rows), rate in sorted(served.items()):
-        costs = split if fronts > 0 else single
-        guess = predict([], None, costs, cores, rows, layout_of(fronts), CLIENTS[rows])
-        fitted = rows in CALIBRATION_ROWS and fronts in (0, CALIBRATION_FRONTS)
-        lines.append(
-            f"| {layout_of(fronts).label()} | {rows}{' (fit)' if fitted else ''} | "
-            f"{CLIENTS[rows]} | {rate:.0f} | {guess.rows_per_s:.0f} | "
-            f"{guess.rows_per_s / rate:.2f} | {guess.bound} |"
-        )
-    return "\n".join(lines), split, single
+    for fronts in LAYOUTS:
+        for rows in ROWS:
+            mine = [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+            if not mine:
+                continue
+            served = float(np.mean([p["rows_per_s"] for p in mine]))
+            guess = predict(
+                [],
+                None,
+                costs_of(points, fronts, rows),
+                cores,
+                rows,
+                layout_of(fronts),
+            )
+            mark = " *" if fronts <= 1 and guess.bound in ("fronts", "instances") else ""
+            other = ""
+            if fronts > 1:
+                cross = predict(
+                    [],
+                    None,
+                    costs_of(points, 1, rows),
+                    cores,
+                    rows,
+                    layout_of(fronts),
+                )
+                other = f"{cross.rows_per_s:.0f} ({cross.rows_per_s / served:.2f}, {cross.bound})"
+            lines.append(
+                f"| {layout_of(fronts).label()} | {rows} | {CLIENTS[rows]} | {served:.0f} | "
+                f"{guess.rows_per_s:.0f}{mark} | {guess.rows_per_s / served:.2f} | {guess.bound} "
+                f"| {other} |"
+            )
+    return "\n".join(lines)
 
 
-def predictions(lengths: list[int], split: CpuCosts, single: CpuCosts, cores: int) -> str:
+def node_costs(data: dict, layout: Layout, rows: int, owner_alone: bool = True) -> CpuCosts:
+    """A served node's costs: no client on its cores; K > 2 fronts cost as 2 did (extrapolated);
+    the owner (and the scheduler's work in series with the forwards) at its cost alone on a core
+    of its own (``measure-owner``), or as served on this machine's shared cores."""
+    fronts = min(layout.fronts, 2) if layout.fronts else 0
+    costs = costs_of(data["points"], fronts, rows).without_client()
+    alone = data.get("owner_alone_us", {}).get(str(rows))
+    if not owner_alone or alone is None:
+        return costs
+    us = dict(costs.us)
+    if "owner" in us:
+        us["owner"] = alone
+    return CpuCosts(us, costs.serial_us, alone, costs.triton_ceiling_per_s)
+
+
+NODE_ROWS = (1, 64)  # rows per request: one-row clients, and 64-row requests
+
+
+def node_predictions(
+    lengths: list[int], data: dict, cores: int
+) -> tuple[str, list[dict[str, object]]]:
+    fronts_counts = (1, 2, 4, 6, 8, 10, 12, 16)
+    plotted: list[dict[str, object]] = []
     lines = []
-    node_split, node_single = split.without_client(), single.without_client()
-    peer = CpuCosts({"triton": node_split.roles["triton"]})
     for gpu in ("a100", "a30"):
         table = gpu_table(gpu)
         lines += [
-            f"**{gpu.upper()}** (forward times derived from NVIDIA's published TensorRT BERT "
-            "latencies, scaled to MiniLM: not measured on a GPU), one GPU, "
-            f"{cores} cores, no client on them:",
+            f"**{gpu.upper()}, {cores} cores, one GPU** (forward times derived from NVIDIA's "
+            "published TensorRT BERT latencies scaled to MiniLM, not measured on a GPU; CPU "
+            "costs measured here, the owner's alone on a core of its own; costs of more than 2 "
+            "fronts extrapolated from 2; no client on these cores):",
             "",
-            "| layout | 256 one-row clients: rows/s | bound | rows/forward | 64-row requests (8 clients): rows/s | bound |",
+            "| layout | one-row requests: rows/s | bound | rows per forward | 64-row requests: rows/s | bound |",
             "|---|---|---|---|---|---|",
         ]
-        layouts = [Layout(fronts=k) for k in (1, 2, 4, 8, 12, 16)] + [
-            Layout(instances=n) for n in (1, 2, 4)
+        layouts = [Layout(fronts=k) for k in fronts_counts] + [
+            Layout(instances=n) for n in (1, 2, 4, 8)
         ]
         for layout in layouts:
-            costs = node_split if layout.fronts else node_single
-            one = predict(lengths, table, costs, cores, 1, layout, 256)
-            many = predict(lengths, table, costs, cores, 64, layout, 8)
+            one, many = (
+                predict(lengths, table, node_costs(data, layout, r), cores, r, layout)
+                for r in NODE_ROWS
+            )
+            plotted.append(
+                {
+                    "gpu": gpu,
+                    "layout": layout.label(),
+                    "fronts": layout.fronts,
+                    "instances": 0 if layout.fronts else layout.instances,
+                    "one_row": one.rows_per_s,
+                    "many_rows": many.rows_per_s,
+                }
+            )
             lines.append(
                 f"| {layout.label()} | {one.rows_per_s:,.0f} | {one.bound} | "
                 f"{one.rows_per_forward:.1f} | {many.rows_per_s:,.0f} | {many.bound} |"
             )
-        peer_one = predict(
-            lengths, table, peer, cores, 1, Layout(peer=True), 256, "dynamic_batcher"
-        )
-        engine = predict(lengths, table, CpuCosts({}), cores, 64, Layout(peer=True), 8)
-        lines += [
-            f"| {Layout(peer=True).label()} | {peer_one.rows_per_s:,.0f} | {peer_one.bound} | "
-            f"{peer_one.rows_per_forward:.1f} | | |",
-            "",
-            f"Triton's own per-request cost ({node_split.roles['triton'].us(1):.0f} us a "
-            f"one-row request, measured here) and ceiling allow "
-            f"{min(cores / (node_split.roles['triton'].us(1) * 1e-6), peer.triton_ceiling_per_s):,.0f}"
-            f" one-row requests/s on {cores} cores; the engine alone serves "
-            f"{engine.rows_per_s:,.0f} rows/s in 64-row requests.",
-            "",
+        triton_us = node_costs(data, Layout(fronts=2), 1).of("triton")
+        peer = CpuCosts({"triton": triton_us}, 0.0)
+        allowed = min(cores / (triton_us * 1e-6), peer.triton_ceiling_per_s)
+        engine = predict(lengths, table, CpuCosts({}, 0.0), cores, 64, Layout(peer=True))
+        best = default_fronts(True, cores, (0,), 1)
+        chosen = Layout(fronts=best)
+        compared = {
+            (name, rows): predict(
+                lengths,
+                table,
+                peer if name == "peer" else node_costs(data, chosen, rows),
+                cores,
+                rows,
+                Layout(peer=True) if name == "peer" else chosen,
+                "dynamic_batcher" if name == "peer" else name,
+            )
+            for name in ("dp", "per_bucket", "peer")
+            for rows in NODE_ROWS
+        }
+        contended = [
+            predict(
+                lengths, table, node_costs(data, chosen, r, owner_alone=False), cores, r, chosen
+            )
+            for r in NODE_ROWS
         ]
-    return "\n".join(lines)
+        ours = max(float(p["one_row"]) for p in plotted if p["gpu"] == gpu and "one_row" in p)  # type: ignore[arg-type]
+        plotted.append(
+            {
+                "gpu": gpu,
+                "layout": "engine alone",
+                "many_rows": engine.rows_per_s,
+                "triton_allows": allowed,
+            }
+        )
+        lines += [
+            "",
+            f"- Triton's own cost ({triton_us:.0f} us a one-row request, measured here) and "
+            f"ceiling ({TRITON_CEILING_PER_S:,.0f}/s, server#7590) allow {allowed:,.0f} one-row "
+            f"requests/s on {cores} cores; the best layout above serves {ours:,.0f} rows/s, "
+            f"{ours / allowed:.0%} of that.",
+            f"- The engine alone (no CPU cost at all) serves {engine.rows_per_s:,.0f} rows/s in "
+            "64-row requests.",
+            f"- With the owner's cost as served on this machine's 2 shared cores instead of alone "
+            f"on its own ({node_costs(data, chosen, 1, owner_alone=False).of('owner'):.0f} against "
+            f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), the default "
+            f"{best} fronts serve {contended[0].rows_per_s:,.0f} and {contended[1].rows_per_s:,.0f}"
+            " rows/s: the owner's own core is what the split needs most.",
+            "",
+            f"The planner and the peer at the same loads, the default {best} fronts (the peer: "
+            "Triton's dynamic batcher in front of its C++ TensorRT backend, whose only CPU is "
+            "Triton's, its clients sending token ids: modelled with Triton's cost measured here, "
+            "not measured itself):",
+            "",
+            "| requests | DP rows/s (rows a forward) | per-bucket rows/s (rows a forward) | DP / per-bucket | peer rows/s (rows a forward) | DP / peer |",
+            "|---|---|---|---|---|---|",
+        ]
+        for rows in NODE_ROWS:
+            dp, pb, pr = (compared[(n, rows)] for n in ("dp", "per_bucket", "peer"))
+            lines.append(
+                f"| {rows} row{'s' if rows > 1 else ''} | {dp.rows_per_s:,.0f} "
+                f"({dp.rows_per_forward:.1f}) | {pb.rows_per_s:,.0f} ({pb.rows_per_forward:.1f}) | "
+                f"{dp.rows_per_s / pb.rows_per_s:.2f} | {pr.rows_per_s:,.0f} "
+                f"({pr.rows_per_forward:.1f}, {pr.bound}) | {dp.rows_per_s / pr.rows_per_s:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines), plotted
+
+
+def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
+    """Predicted rows/s against fronts per GPU, per GPU table and load, with today's layout
+    (instances) and the engine alone as references."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, key, title in (
+        (axes[0], "one_row", "one-row requests"),
+        (axes[1], "many_rows", "64-row requests"),
+    ):
+        for gpu, style in (("a100", "-"), ("a30", "--")):
+            split = [p for p in plotted if p["gpu"] == gpu and p.get("fronts")]
+            ax.plot(
+                [p["fronts"] for p in split],
+                [p[key] for p in split],
+                style,
+                marker="o",
+                label=f"{gpu.upper()}: K fronts, one owner",
+            )
+            today = [p for p in plotted if p["gpu"] == gpu and p.get("instances")]
+            ax.plot(
+                [p["instances"] for p in today],
+                [p[key] for p in today],
+                style,
+                marker="s",
+                color="gray",
+                label=f"{gpu.upper()}: today's N instances, each its own queue",
+            )
+            ref = next(p for p in plotted if p["gpu"] == gpu and p["layout"] == "engine alone")
+            if key == "many_rows":
+                ax.axhline(
+                    ref["many_rows"],
+                    linestyle=style,
+                    color="green",
+                    alpha=0.6,
+                    label=f"{gpu.upper()}: the engine alone",
+                )
+            else:
+                ax.axhline(
+                    ref["triton_allows"],
+                    linestyle=style,
+                    color="red",
+                    alpha=0.6,
+                    label=f"{gpu.upper()}: Triton's own limit",
+                )
+        ax.set_xlabel("fronts (or today's instances) per GPU")
+        ax.set_ylabel("predicted rows/s")
+        ax.set_title(f"16 cores, one GPU, {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 @reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("measure", "report"))
+    parser.add_argument("what", choices=("measure", "measure-owner", "report"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--measurement-ms", type=int, default=5000)
     parser.add_argument("--cores", type=int, default=16, help="the node the report predicts")
@@ -183,13 +360,25 @@ def main(argv: list[str] | None = None) -> int:
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     data = json.loads(COSTS_FILE.read_text())
-    table, split, single = validation(data)
+    if args.what == "measure-owner":
+        data["owner_alone_us"] = measure_owner_alone(args.rounds, args.measurement_ms / 1000)
+        COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"written: {COSTS_FILE.relative_to(ROOT)}")
+    table = validation(data)
+    node, plotted = node_predictions(read_lengths(LENGTHS), data, args.cores)
+    plot(plotted)
     text = (
-        "## The server's CPU, modelled\n\n    python -m bench.cpu_model measure --rounds 3\n"
-        "    python -m bench.cpu_model report\n\n"
+        "## The server's CPU, modelled\n\n"
+        "    python -m bench.cpu_model measure --rounds 3   # writes bench/data/cpu_costs.json\n"
+        "    python -m bench.cpu_model report               # this section, docs/cpu_model.png\n\n"
+        "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
+        "fronts, the queue owner (its transport included) and, here, the client; each front "
+        "bounded by its serial time per request; the owner's CPU in series with the GPU's "
+        "forwards, which the simulator steps through the project's own scheduler.\n\n"
         + table
         + "\n\n"
-        + predictions(read_lengths(LENGTHS), split, single, args.cores)
+        + node
+        + "\n![predicted rows/s against fronts per GPU](cpu_model.png)\n"
     )
     print(text)
     write_section(text, BEGIN, END)

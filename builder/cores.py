@@ -1,11 +1,13 @@
 """How many fronts a GPU gets by default: from the CPU cores the server will have.
 
 In the split layout (docs/ARCHITECTURE.md) every request costs CPU in Triton, in a front and in
-the queue owner. A front is one Python process, one core at most; Triton's threads and the owner
-take the rest. Measured here (bench.cpu_model, docs/PERFORMANCE.md "The server's CPU,
-modelled"), a front's share of the server's CPU per one-row request is about half, so fronts on
-half the cores run out of CPU about when Triton and the owner do: more fronts would only wait
-for cores, fewer would leave cores idle while the fronts are the bound.
+the queue owner, and a front serves at most one request per its serial time (its CPU plus the
+hand-offs between Triton and its stub). Fronts stop being the bound once K / serial time reaches
+what the cores allow, C / (the server's CPU per request): K = C x serial / CPU per request.
+Measured here for one-row requests, the case that needs the most fronts (bench.cpu_model,
+bench/data/cpu_costs.json; docs/PERFORMANCE.md, "The server's CPU, modelled"): 736 us of a
+front's serial time against 910 us of CPU per request (Triton 316, a front 557, the owner 37),
+so 0.8 of the cores; with 64-row requests 0.7 would do.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-FRONT_SHARE = 0.5  # a front's share of the server's CPU per request (bench.cpu_model)
+FRONT_SHARE = 0.8  # a front's serial time over the server's CPU per request (bench.cpu_model)
 MAX_FRONTS_PER_GPU = 16  # one owner feeds this many at most (its own core bounds it past that)
 
 

@@ -134,8 +134,8 @@ class BuildSpec:
         "front instances per GPU (0: one model that decodes, plans and runs in one process). "
         "With N >= 1, the model is split: N fronts decode, tokenize and answer, and one queue "
         "owner per GPU (the model NAME_owner) plans and runs every row (docs/ARCHITECTURE.md). "
-        "auto (the default): on a GPU, half the cores per GPU (--cores), at least 1; on the "
-        "CPU, 0 (the engine takes the cores there)",
+        "auto (the default): on a GPU, 0.8 of the cores per GPU (--cores; builder/cores.py), "
+        "at least 1; on the CPU, 0 (the engine takes the cores there)",
         default=None,
         type=lambda text: None if text == "auto" else int(text),
     )

@@ -1,21 +1,26 @@
 """The server's CPU as a resource of C cores, beside the GPU's cost table.
 
-Every process on the request path spends CPU per request, ``a + b x rows`` microseconds
-(``ProcessCost``), measured here per process from /proc (``bench.cpu_model``):
+What a request costs on the CPU is measured here per process from /proc (``bench.cpu_model``),
+at each size of request (rows per request), for each layout:
 - Triton: its HTTP/gRPC core, many threads, so it may use every core, up to its own ceiling in
   requests/s (``TRITON_CEILING_PER_S``, reported upstream);
-- a front (the split layout): decoding, tokenizing, answering Triton; a Python process holds one
-  core at most, and ``K`` fronts share the requests evenly;
-- the queue owner: its serial work per request and row, the transport included; one core;
-- today's one-process model (``N`` instances): front and owner in one process per instance;
+- a front (the split layout): decoding, tokenizing, answering Triton;
+- the queue owner: its serial work per request, the transport included (its cost per request
+  grows with the fronts: each front's messages carry fewer requests);
+- today's one-process model: front and owner in one process per instance;
 - the client, where it shares the cores (this machine's validation; none on a served node).
 
+A front or a one-process model also has a serial time per request (``serial_us``), longer than
+its CPU: the Python backend hands each request from Triton to the stub and back, and the stub's
+threads take turns under the GIL. One such process serves at most ``1 / serial`` requests/s;
+it is measured where one front (or one process) is the bound.
+
 A closed loop of many clients is served at the lowest of these ceilings (requests/s):
-``C / (sum of every process's cost)`` (the cores, shared), ``K / front`` (or ``N / model``),
-``1 / owner``, and Triton's own. Behind them the GPU: the owner's planner, stepped by the
-simulator (``bench.sim.run.simulate``) over the cost table, with the owner's serial CPU per row
-added to each forward. The served rate is the CPU's ceiling when the simulated engine keeps up
-with it, else what the engine serves. No queueing between the processes is modelled beyond
+``C / (sum of the processes' CPU)`` (the cores, shared), ``K / front serial`` (or ``N / model
+serial``), ``1 / owner``, and Triton's own. Behind them the GPU: the owner's planner, stepped by
+the simulator (``bench.sim.run.simulate``) over the cost table, with the owner's CPU per row in
+series with each forward. The served rate is the CPU's ceiling when the simulated engine keeps
+up with it, else what the engine serves. Queueing between the processes is not modelled beyond
 that: the ceilings hold where one of them is clearly the bottleneck, and overestimate near a tie.
 """
 
@@ -32,49 +37,30 @@ from bench.sim.run import Result, simulate
 # (triton-inference-server/server#7590, a user's report with perf_analyzer, not NVIDIA's
 # figure); the middle of that range
 TRITON_CEILING_PER_S = 55_000.0
-
-
-@dataclass(frozen=True)
-class ProcessCost:
-    """CPU microseconds a process spends per request of ``rows`` rows: ``per_request + per_row
-    x rows``."""
-
-    per_request_us: float
-    per_row_us: float = 0.0
-
-    def us(self, rows: int) -> float:
-        return self.per_request_us + self.per_row_us * rows
-
-    @staticmethod
-    def fitted(points: dict[int, float]) -> ProcessCost:
-        """The line through (rows, us per request) points: least squares, never negative."""
-        if len(points) == 1:
-            ((_, us),) = points.items()
-            return ProcessCost(us)
-        xs, ys = list(points), list(points.values())
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-            (x - mx) ** 2 for x in xs
-        )
-        slope = max(0.0, slope)
-        return ProcessCost(max(0.0, my - slope * mx), slope)
+KEPT_UP_P99_MS = 1000.0  # an engine keeps up with a rate when its p99 stays under this
 
 
 @dataclass(frozen=True)
 class CpuCosts:
-    """Each role's CPU per request: triton, front, owner (the split layout), model (today's
-    one-process model), client (only where the load generator shares the cores)."""
+    """One layout's CPU microseconds per request by role (triton, front, owner, model, client),
+    and the serial microseconds per request of one front or one model process."""
 
-    roles: dict[str, ProcessCost]
+    us: dict[str, float]
+    serial_us: float
+    # CPU per request in series with the forwards: the scheduler's (the owner's cost; for
+    # today's model, where it is not measured apart, the owner's of the split layout)
+    in_series_us: float = 0.0
     triton_ceiling_per_s: float = TRITON_CEILING_PER_S
 
-    def us(self, role: str, rows: int) -> float:
-        cost = self.roles.get(role)
-        return cost.us(rows) if cost is not None else 0.0
+    def of(self, role: str) -> float:
+        return self.us.get(role, 0.0)
 
     def without_client(self) -> CpuCosts:
         return CpuCosts(
-            {k: v for k, v in self.roles.items() if k != "client"}, self.triton_ceiling_per_s
+            {k: v for k, v in self.us.items() if k != "client"},
+            self.serial_us,
+            self.in_series_us,
+            self.triton_ceiling_per_s,
         )
 
 
@@ -90,30 +76,26 @@ class Layout:
 
     def label(self) -> str:
         if self.peer:
-            return "Triton C++ backend (peer)"
+            return "peer: Triton's C++ backend"
         if self.fronts:
             return f"{self.fronts} front{'s' if self.fronts > 1 else ''}"
         return f"{self.instances} instance{'s' if self.instances > 1 else ''}"
 
 
-def cpu_ceilings(costs: CpuCosts, cores: float, rows: int, layout: Layout) -> dict[str, float]:
+def cpu_ceilings(costs: CpuCosts, cores: float, layout: Layout) -> dict[str, float]:
     """Requests/s each CPU limit allows, by name."""
-    triton = costs.us("triton", rows)
-    client = costs.us("client", rows)
-    limits = {"triton ceiling": costs.triton_ceiling_per_s}
-    if layout.peer:
-        limits["cores"] = cores / ((triton + client) * 1e-6)
-        return limits
-    if layout.fronts:
-        front, owner = costs.us("front", rows), costs.us("owner", rows)
-        limits["cores"] = cores / ((triton + front + owner + client) * 1e-6)
-        limits["fronts"] = layout.fronts / (front * 1e-6)
-        limits["owner"] = 1 / (owner * 1e-6)
-    else:
-        model = costs.us("model", rows)
-        limits["cores"] = cores / ((triton + model + client) * 1e-6)
-        limits["instances"] = layout.instances / (model * 1e-6)
-    return {k: v for k, v in limits.items() if math.isfinite(v)}
+    limits = {"Triton's ceiling": costs.triton_ceiling_per_s}
+    spent = sum(costs.us.values())
+    if spent > 0:
+        limits["cores"] = cores / (spent * 1e-6)
+    if not layout.peer and costs.serial_us > 0:
+        if layout.fronts:
+            limits["fronts"] = layout.fronts / (costs.serial_us * 1e-6)
+        else:
+            limits["instances"] = layout.instances / (costs.serial_us * 1e-6)
+    if layout.fronts and costs.of("owner") > 0:
+        limits["owner"] = 1 / (costs.of("owner") * 1e-6)
+    return limits
 
 
 @dataclass(frozen=True)
@@ -127,13 +109,9 @@ class Served:
     limits: dict[str, float] = field(default_factory=dict)
 
 
-def engine_serial_us_per_row(costs: CpuCosts, rows: int, layout: Layout) -> float:
-    """The CPU time per row that runs in series with the forwards: the owner's (or, in today's
-    model, the scheduler's share of the one process, taken as its owner's cost); none for the
-    peer, whose batcher is Triton's C++ core."""
-    if layout.peer:
-        return 0.0
-    return costs.us("owner", rows) / rows
+def rows_per_forward(result: Result) -> float:
+    """Rows a forward carried, over the measured (post warm-up) part of a run."""
+    return result.rows_per_s * result.seconds / max(1, result.forwards)
 
 
 def predict(
@@ -143,51 +121,72 @@ def predict(
     cores: float,
     rows: int,
     layout: Layout,
-    clients: int,
     policy: str = "dp",
     seconds: float = 20.0,
 ) -> Served:
-    """The ceiling of ``clients`` closed-loop clients in requests of ``rows`` rows: the CPU's,
-    unless the engine behind it (``table``; None: forwards take no time) cannot keep up."""
-    limits = cpu_ceilings(costs, cores, rows, layout)
+    """The ceiling of many clients in requests of ``rows`` rows, ``costs`` measured at that
+    size: the CPU's, unless the engine behind it (``table``; None: forwards take no time)
+    cannot keep up, then the highest rate it keeps up with (an open loop: what clients enough
+    to keep its queue full get)."""
+    limits = cpu_ceilings(costs, cores, layout)
     bound = min(limits, key=lambda k: limits[k])
     cpu_rows = limits[bound] * rows
     if table is None:
         return Served(cpu_rows, bound, cpu_rows, limits=limits)
-    serial_us = engine_serial_us_per_row(costs, rows, layout)
+    # in series with the forwards: the scheduler's CPU; none for the peer (Triton's core)
+    serial_us_per_row = 0.0 if layout.peer else costs.in_series_us / rows
     planners = layout.instances if not layout.fronts and not layout.peer else 1
     # today's N instances: N planners, each with 1/N of the rows, each context time-sliced to
     # 1/N of the GPU while all are busy (no overlap between contexts assumed)
     shared = scaled_table(table, planners) if planners > 1 else table
+
+    def kept_up(rate: float) -> Result | None:
+        """The run at ``rate`` rows/s offered to one planner, if its engine kept up."""
+        run = simulate(
+            lengths,
+            shared,
+            policy,
+            rate=rate,
+            # about 2000 requests: a queue that grows shows in its p99
+            seconds=min(seconds, max(0.5, 2000 * rows / max(rate, 1.0))),
+            warmup_s=min(2.0, 500 / max(rate, 1.0)),
+            server_us_per_row=serial_us_per_row,
+            rows_per_request=rows,
+        )
+        # kept up: its queue did not grow (p99 bounded; a queue that grows makes the latency of
+        # the last requests grow with the run) and it served about what came
+        return (
+            run if run.percentile_ms(99) < KEPT_UP_P99_MS and run.rows_per_s >= 0.8 * rate else None
+        )
+
     offered = cpu_rows / planners
-    kept = simulate(
+    run = kept_up(offered)
+    if run is not None:
+        return Served(cpu_rows, bound, cpu_rows, rows_per_forward(run), limits)
+    # the engine cannot keep up with the CPU: the highest rate it does, to within 1%, below what
+    # a closed loop with a deep queue gets out of it
+    deep = simulate(
         lengths,
         shared,
         policy,
-        rate=offered,
-        seconds=max(2.0, min(seconds, 4000 / max(offered, 1.0))),
-        warmup_s=min(2.0, 200 / max(offered, 1.0)),
-        server_us_per_row=serial_us,
+        concurrency=max(1, 4096 // rows),
+        seconds=min(seconds, max(0.5, 2000 * rows / max(offered, 1.0))),
+        warmup_s=0.2,
+        server_us_per_row=serial_us_per_row,
         rows_per_request=rows,
-    )
-    if kept.rows_per_s >= 0.97 * offered:
-        return Served(cpu_rows, bound, cpu_rows, rows_per_forward(kept), limits)
-    closed = simulate(
-        lengths,
-        shared,
-        policy,
-        concurrency=max(1, clients // planners),
-        seconds=max(2.0, min(seconds, 4000 / max(offered, 1.0))),
-        warmup_s=1.0,
-        server_us_per_row=serial_us,
-        rows_per_request=rows,
-    )
-    engine_rows = closed.rows_per_s * planners
-    if engine_rows >= cpu_rows:  # the open loop's queue grew, the closed loop keeps up
-        return Served(cpu_rows, bound, cpu_rows, rows_per_forward(closed), limits)
-    return Served(engine_rows, "engine", cpu_rows, rows_per_forward(closed), limits)
-
-
-def rows_per_forward(result: Result) -> float:
-    """Rows a forward carried, over the measured (post warm-up) part of a run."""
-    return result.rows_per_s * result.seconds / max(1, result.forwards)
+    ).rows_per_s
+    # (a deep queue's first forwards are fuller than the steady state's: an upper estimate)
+    low, high, best = 0.0, min(offered, 1.5 * deep), None
+    for _ in range(8):
+        mid = (low + high) / 2
+        found = kept_up(mid)
+        if found is not None:
+            low, best = mid, found
+        else:
+            high = mid
+    if best is None:
+        raise ValueError(f"the engine keeps up with no rate below {offered:.0f} rows/s")
+    # the forwards, with the owner's CPU in series: which of the two takes more of the time
+    serial_share = low * serial_us_per_row * 1e-6
+    where = "GPU" if serial_share < 0.5 else "owner + GPU in series"
+    return Served(low * planners, where, cpu_rows, rows_per_forward(best), limits)

@@ -1,0 +1,51 @@
+"""The simulator's CPU model: each ceiling from the costs it is given, and the engine behind
+them found by the project's own scheduler on a virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cost_tables import linear_table
+from bench.sim.cpu import CpuCosts, Layout, cpu_ceilings, predict
+
+LENGTHS = [5, 9, 13, 20, 31, 45, 60, 90, 128, 200, 256] * 10
+# us per request: Triton 300, a front 600, the owner 50; a front's serial time 1000
+SPLIT = CpuCosts(
+    {"triton": 300.0, "front": 600.0, "owner": 50.0}, serial_us=1000.0, in_series_us=50.0
+)
+
+
+def test_the_fronts_bound_until_the_cores_do():
+    few = cpu_ceilings(SPLIT, cores=16, layout=Layout(fronts=4))
+    assert few["fronts"] == pytest.approx(4000) and few["cores"] == pytest.approx(16 / 950e-6)
+    many = predict(LENGTHS, None, SPLIT, 16, 1, Layout(fronts=32))
+    assert many.bound == "cores" and many.rows_per_s == pytest.approx(16 / 950e-6)
+    # the owner's one core bounds it once the rest is plentiful
+    assert predict(LENGTHS, None, SPLIT, 256, 1, Layout(fronts=64)).bound == "owner"
+
+
+def test_todays_instances_and_the_peer_pay_only_their_own_processes():
+    one_process = CpuCosts({"triton": 300.0, "model": 700.0}, serial_us=900.0)
+    assert cpu_ceilings(one_process, 16, Layout(instances=4))["instances"] == pytest.approx(
+        4 / 900e-6
+    )
+    peer = CpuCosts({"triton": 300.0}, serial_us=0.0)
+    limits = cpu_ceilings(peer, 16, Layout(peer=True))
+    assert set(limits) == {"cores", "Triton's ceiling"} and limits["cores"] == pytest.approx(
+        16 / 300e-6
+    )
+
+
+def test_a_slow_engine_bounds_the_rate_where_the_cpu_would_allow_more():
+    # 2 ms a forward plus 10 us a token: at most ~ 64 rows per (2 + 64 x 0.6) ms, far below
+    # what 16 cores of fronts allow
+    slow = linear_table(2e-3, 10e-6, "slow")
+    served = predict(LENGTHS, slow, SPLIT, 64, 1, Layout(fronts=48))
+    assert served.bound == "GPU" and served.rows_per_s < served.cpu_rows_per_s
+    # the highest open-loop rate it keeps up with: at 900 rows/s its p99 is still under a
+    # second, at 1,300 its queue grows
+    assert 850 < served.rows_per_s < 1300, served
+    fast = predict(LENGTHS, linear_table(1e-5, 1e-8, "fast"), SPLIT, 64, 1, Layout(fronts=48))
+    assert fast.bound != "GPU" and fast.rows_per_s == pytest.approx(fast.cpu_rows_per_s)
+    # the engine's own ceiling, found by the planner: more rows a forward than one
+    assert served.rows_per_forward > 4
