@@ -514,26 +514,37 @@ def test_a_grpc_call_that_repeats_its_encoding_or_key_is_refused(stack, still_se
     assert keys.get("grpc-status") != "0", keys  # nginx's own 400, or the door's refusal
 
 
+# what each public port answers first: HTTP/1.1 a health request; HTTP/2 (gRPC) its preface and
+# an empty SETTINGS frame, which the server answers with its own SETTINGS frame
+OPENING = {
+    "http": (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200"),
+    "grpc": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00", b""),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_idle_connections_past_the_bound_are_closed_and_the_rest_still_served(
-    stack, tokenizer, reference_model
+    stack, tokenizer, reference_model, protocol
 ):
     """Idle keep-alive connections hold a worker connection each, and nginx's own limit counts
-    only requests in progress: 127.0.0.3 opens connections one by one, each asks for health
-    once and then stays open, idle. Past the bound, a new one is closed before it is answered;
+    only requests in progress: 127.0.0.3 opens connections one by one, each opens its protocol
+    and then stays open, idle. Past the bound, a new one is closed before it is answered;
     those within it still serve; 127.0.0.1 is served meanwhile."""
     bound = int(SHORT_LIMITS["MAX_OPEN_CONNECTIONS_PER_CLIENT"])
-    health = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    port = stack.http_port if protocol == "http" else stack.grpc_port
+    opening, answer = OPENING[protocol]
     held = []
     try:
         answered = []
         for _ in range(bound + 4):
             s = socket.create_connection(
-                ("127.0.0.1", stack.http_port), timeout=5, source_address=("127.0.0.3", 0)
+                ("127.0.0.1", port), timeout=5, source_address=("127.0.0.3", 0)
             )
             held.append(s)
             with contextlib.suppress(OSError):
-                s.sendall(health)
-            answered.append(read_until_closed(s).startswith(b"HTTP/1.1 200"))
+                s.sendall(opening)
+            first = read_until_closed(s)
+            answered.append(first.startswith(answer) and first != b"")
         assert answered == [True] * bound + [False] * 4
         text = "served beside idle connections"
         embedding, _ = infer(
@@ -541,9 +552,9 @@ def test_idle_connections_past_the_bound_are_closed_and_the_rest_still_served(
         )
         expected = reference_model(tokenizer.encode([text], truncate=True))
         assert np.abs(embedding - expected).max() <= TOLERANCE
-        # the first, idle all this while, is still open and still serves
-        held[0].sendall(request_bytes())
-        assert read_until_closed(held[0]).startswith(b"HTTP/1.1 200")
+        if protocol == "http":  # the first, idle all this while, is still open and serves
+            held[0].sendall(request_bytes())
+            assert read_until_closed(held[0]).startswith(b"HTTP/1.1 200")
     finally:
         for s in held:
             s.close()
