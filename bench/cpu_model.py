@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cost_tables import gpu_table, read_lengths
-from bench.docs import write_section
+from bench.docs import save_figure, write_section
 from bench.errors import reports_errors
 from bench.paths import LENGTHS, ROOT
 from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, predict
@@ -301,49 +301,35 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
         (axes[1], "many_rows", "64-row requests"),
     ):
         for gpu, style in (("a100", "-"), ("a30", "--")):
-            split = [p for p in plotted if p["gpu"] == gpu and p.get("fronts")]
-            ax.plot(
-                [p["fronts"] for p in split],
-                [p[key] for p in split],
-                style,
-                marker="o",
-                label=f"{gpu.upper()}: K fronts, one owner",
-            )
-            today = [p for p in plotted if p["gpu"] == gpu and p.get("instances")]
-            ax.plot(
-                [p["instances"] for p in today],
-                [p[key] for p in today],
-                style,
-                marker="s",
-                color="gray",
-                label=f"{gpu.upper()}: today's N instances, each its own queue",
-            )
-            ref = next(p for p in plotted if p["gpu"] == gpu and p["layout"] == "engine alone")
-            if key == "many_rows":
-                ax.axhline(
-                    ref["many_rows"],
-                    linestyle=style,
-                    color="green",
-                    alpha=0.6,
-                    label=f"{gpu.upper()}: the engine alone",
+            mine = [p for p in plotted if p["gpu"] == gpu]
+            for by, marker, color, what in (
+                ("fronts", "o", None, "K fronts, one owner"),
+                ("instances", "s", "gray", "today's N instances, each its own queue"),
+            ):
+                series = [p for p in mine if p.get(by)]
+                ax.plot(
+                    [p[by] for p in series],
+                    [p[key] for p in series],
+                    style,
+                    marker=marker,
+                    color=color,
+                    label=f"{gpu.upper()}: {what}",
                 )
-            else:
-                ax.axhline(
-                    ref["triton_allows"],
-                    linestyle=style,
-                    color="red",
-                    alpha=0.6,
-                    label=f"{gpu.upper()}: Triton's own limit",
-                )
+            ref = next(p for p in mine if p["layout"] == "engine alone")
+            level, color, what = (
+                (ref["many_rows"], "green", "the engine alone")
+                if key == "many_rows"
+                else (ref["triton_allows"], "red", "Triton's own limit")
+            )
+            ax.axhline(
+                level, linestyle=style, color=color, alpha=0.6, label=f"{gpu.upper()}: {what}"
+            )
         ax.set_xlabel("fronts (or today's instances) per GPU")
         ax.set_ylabel("predicted rows/s")
         ax.set_title(f"16 cores, one GPU, {title}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @reports_errors

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from bench.paths import DOC
 
@@ -62,3 +63,13 @@ def publish(section: str, begin: str, end: str, write: bool) -> int:
     if write:
         write_section(section, begin, end)
     return 0
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """A matplotlib figure written as a PNG for docs/, and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -45,7 +45,7 @@ from bench.cost_tables import (
     read_lengths,
     report_gpu_tables,
 )
-from bench.docs import render, write_section
+from bench.docs import render, save_figure, write_section
 from bench.errors import reports_errors
 from bench.paths import LENGTHS, ROOT
 from bench.sim.policies import POLICIES
@@ -101,10 +101,7 @@ def plot_gain(points: list[dict[str, float]], path: Path = GAIN_PLOT) -> Path:
         ax.set_title(f"A30 per-token cost, {title}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def gain_by_fixed_cost(lengths: Sequence[int], us_per_row: float) -> str:
