@@ -591,3 +591,43 @@ def test_the_adapters_memory_is_bounded_by_the_body(stack, make):
     assert growth <= bound, (
         f"{growth / 2**20:.0f} MB above its resting size; bound {bound / 2**20:.0f} MB"
     )
+
+
+def eight_mb_of_text() -> tuple[str, dict]:
+    """2048 texts of 4 kB in words too long for the vocabulary: many bytes for the adapter to
+    hold, few tokens for the model to compute (each word is one unknown token)."""
+    return "/v1/embeddings", {"model": "minilm", "input": [("w" * 199 + " ") * 20] * 2048}
+
+
+def eight_mb_rerank() -> tuple[str, dict]:
+    """A 250 kB query (near the text cap) beside 2048 documents of 3.9 kB."""
+    query = "what the planner does " * 11_500
+    document = "a document the reranker scores " * 125
+    return "/v1/rerank", {"model": "reranker", "query": query, "documents": [document] * 2048}
+
+
+@pytest.mark.parametrize("make", [eight_mb_of_text, eight_mb_rerank])
+def test_the_adapters_memory_is_bounded_by_an_8mb_body(stack, make):
+    """The production door takes 8 MB bodies (the test stack's takes 1 MB): sent to the
+    adapter's own loopback port, behind the door, the same bound holds at that size."""
+    path, payload = make()
+    body = json.dumps(payload).encode()
+    assert 7 << 20 < len(body) <= 8 << 20  # MAX_BODY_SIZE's default
+    adapter = adapter_process(stack)
+
+    def send():
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{stack.ports['OPENAI']}{path}",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            answer = json.loads(response.read())
+        return response.status, len(answer.get("data") or answer.get("results") or [])
+
+    (status, count), growth = peak_growth(adapter.pid, send)
+    assert (status, count) == (200, 2048)
+    bound = 16 * len(body) + (64 << 20)
+    assert growth <= bound, (
+        f"{growth / 2**20:.0f} MB above its resting size; bound {bound / 2**20:.0f} MB"
+    )
