@@ -364,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         + table
         + "\n\n"
         + node
+        + "\nWhere the GPU binds, its ceiling is the highest open-loop rate the simulated engine "
+        "keeps up with (a p99 under a second over about 2,000 requests); near that edge the "
+        "search moves by up to 15% from one layout to the next (the 10-front row), so read "
+        "those rows to that precision.\n"
         + "\n![predicted rows/s against fronts per GPU](cpu_model.png)\n"
     )
     print(text)
