@@ -1,6 +1,7 @@
 """The simulator's CPU model (bench.sim.cpu), measured, validated and used on this machine.
 
     python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000]
+    python -m bench.cpu_model measure-owner [--rounds 3]
     python -m bench.cpu_model report
 
 ``measure`` serves the bench model over the emulated engine with a zero table (forwards take
@@ -11,10 +12,13 @@ every round; for each point it records the served rows/s and every server proces
 request from /proc (``bench.fronts.serve_once``), and the rest of the machine's busy CPU (the
 client). It writes them to bench/data/cpu_costs.json.
 
-``report`` fits each process's cost per request (``a + b x rows``) on the 1-front runs at 1 and
-64 rows (and today's model on its own runs), predicts every measured point from them with this
-machine's cores, prints predicted beside served, then predicts a 16-core node with one GPU
-(derived A100 and A30 tables, no client on its cores) and writes both to docs/PERFORMANCE.md.
+``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``).
+
+``report`` predicts every measured point from that layout's own CPU per request at that size
+and the serial time of one front (one process) measured where it served alone, with this
+machine's cores, and prints predicted beside served (each round's served figure too); then it
+predicts a 16-core node with one GPU (derived A100 and A30 tables, the owner at its cost alone,
+no client on its cores) and writes both to docs/PERFORMANCE.md, with docs/cpu_model.png.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -89,21 +94,26 @@ def measure_owner_alone(rounds: int, seconds: float) -> dict[str, float]:
     return out
 
 
+def runs_of(points: list[dict], fronts: int, rows: int) -> list[dict]:
+    """The measured runs of one layout at one size, every round."""
+    return [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+
+
 def costs_of(points: list[dict], fronts: int, rows: int) -> CpuCosts:
     """One layout's mean CPU per request by role (the client's too: it shares these cores), at
     ``rows`` rows per request; the serial time of one front (one process) from the runs where
     one front (one process) served alone: 1 / its requests/s."""
-    mine = [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+    mine = runs_of(points, fronts, rows)
     roles = {role for p in mine for role in p["cpu_us_per_request"]}
     us = {role: float(np.mean([p["cpu_us_per_request"][role] for p in mine])) for role in roles}
     us["client"] = float(np.mean([p["client_us_per_request"] for p in mine]))
-    alone = [p for p in points if p["fronts"] == min(fronts, 1) and p["rows"] == rows]
+    alone = runs_of(points, min(fronts, 1), rows)
     requests_per_s = float(np.mean([p["rows_per_s"] / rows for p in alone]))
     # the scheduler's CPU, in series with the forwards: the owner's; today's model does the same
     # work inside its one process, where it is not measured apart: the 1-front owner's
     owner = us.get("owner")
     if owner is None:
-        split = [p for p in points if p["fronts"] == 1 and p["rows"] == rows]
+        split = runs_of(points, 1, rows)
         owner = float(np.mean([p["cpu_us_per_request"]["owner"] for p in split])) if split else 0.0
     return CpuCosts(us, 1e6 / requests_per_s, owner)
 
@@ -125,12 +135,12 @@ def validation(data: dict) -> str:
         "of 2 fronts are the test. For 2 fronts the prediction from the 1-front costs is shown "
         "too.",
         "",
-        "| layout | rows per request | clients | served rows/s | predicted rows/s | predicted / served | bound | from the 1-front costs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| layout | rows per request | clients | served rows/s (each round) | served, mean | predicted rows/s | predicted / served | bound | from the 1-front costs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for fronts in LAYOUTS:
         for rows in ROWS:
-            mine = [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+            mine = runs_of(points, fronts, rows)
             if not mine:
                 continue
             served = float(np.mean([p["rows_per_s"] for p in mine]))
@@ -154,8 +164,9 @@ def validation(data: dict) -> str:
                     layout_of(fronts),
                 )
                 other = f"{cross.rows_per_s:.0f} ({cross.rows_per_s / served:.2f}, {cross.bound})"
+            each = ", ".join(f"{p['rows_per_s']:.0f}" for p in mine)
             lines.append(
-                f"| {layout_of(fronts).label()} | {rows} | {CLIENTS[rows]} | {served:.0f} | "
+                f"| {layout_of(fronts).label()} | {rows} | {CLIENTS[rows]} | {each} | {served:.0f} | "
                 f"{guess.rows_per_s:.0f}{mark} | {guess.rows_per_s / served:.2f} | {guess.bound} "
                 f"| {other} |"
             )
@@ -171,10 +182,8 @@ def node_costs(data: dict, layout: Layout, rows: int, owner_alone: bool = True) 
     alone = data.get("owner_alone_us", {}).get(str(rows))
     if not owner_alone or alone is None:
         return costs
-    us = dict(costs.us)
-    if "owner" in us:
-        us["owner"] = alone
-    return CpuCosts(us, costs.serial_us, alone, costs.triton_ceiling_per_s)
+    us = {**costs.us, "owner": alone} if "owner" in costs.us else costs.us
+    return replace(costs, us=us, in_series_us=alone)
 
 
 NODE_ROWS = (1, 64)  # rows per request: one-row clients, and 64-row requests

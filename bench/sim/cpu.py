@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.cost_tables import CostTable, scaled_table
 from bench.sim.run import Result, simulate
@@ -56,12 +56,7 @@ class CpuCosts:
         return self.us.get(role, 0.0)
 
     def without_client(self) -> CpuCosts:
-        return CpuCosts(
-            {k: v for k, v in self.us.items() if k != "client"},
-            self.serial_us,
-            self.in_series_us,
-            self.triton_ceiling_per_s,
-        )
+        return replace(self, us={k: v for k, v in self.us.items() if k != "client"})
 
 
 @dataclass(frozen=True)
