@@ -26,3 +26,56 @@ class EmulatedOwnerModel(OwnerModel):
 
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         return emulated_engine(manifest, version_dir)
+
+
+class PythonBackendFloorModel:
+    """Bench only, not the project's model: the least a Python-backend model that tokenizes does
+    for each request. It reads TEXT, tokenizes it with the model's tokenizer (as a front does),
+    and answers zeros of the output's shape from a thread of its own through the request's
+    response sender (as the fronts answer). No queue, no owner, no planner: what it costs per
+    request, in its stub and in Triton, is what any design built on this backend pays at least
+    (bench.fronts ``--floor``)."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        import queue
+        import threading
+
+        import triton_python_backend_utils as pb_utils
+
+        from python_backend.contract import NUM_TOKENS_OUTPUT
+        from python_backend.manifest import load_manifest
+        from python_backend.tokenization import TextTokenizer
+        from python_backend.triton_model import parse_args
+
+        self.pb_utils = pb_utils
+        instance = parse_args(args)
+        manifest = load_manifest(instance.version_dir)
+        longest = max(b.length for b in manifest.buckets)
+        self.tokenizer = TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest)
+        self.output_name, self.width = manifest.output_name, manifest.output_dim
+        self.num_tokens_name = NUM_TOKENS_OUTPUT
+        self.answers: queue.SimpleQueue[tuple[Any, list[Any]]] = queue.SimpleQueue()
+        threading.Thread(target=self._answer, name="floor-answers", daemon=True).start()
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            text = self.pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            rows = self.tokenizer.encode([t.decode("utf-8") for t in text[:, 0]], truncate=True)
+            self.answers.put((sender, rows))
+
+    def _answer(self) -> None:
+        import numpy as np
+
+        pb = self.pb_utils
+        while True:
+            sender, rows = self.answers.get()
+            outputs = np.zeros((len(rows), self.width), np.float32)
+            tokens = np.asarray([[len(r)] for r in rows], np.int32)
+            response = pb.InferenceResponse(
+                output_tensors=[
+                    pb.Tensor(self.output_name, outputs),
+                    pb.Tensor(self.num_tokens_name, tokens),
+                ]
+            )
+            sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -2,24 +2,35 @@
 server process spends per request, on the real Triton server.
 
     python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
-                           [--table zero|table:a30|engine]
+                           [--table zero|table:a30|engine] [--baseline-tree build/baseline]
 
 Every variant serves the bench model over the emulated engine with a zero table by default
 (forwards take no time: what is measured is the server around the engine, its ceiling at GPU
 speed), or with ``--table engine`` over the bench model's own ONNX Runtime engine:
 - ``one process``: today's model, one instance (queue, planner and decoding in one stub);
 - ``N instances``: today's model with N instances, each its own queue (``--instances-per-gpu``);
-- ``N fronts``: the split layout, N front instances and one queue owner.
+- ``N fronts``: the split layout, N front instances and one queue owner;
+- ``floor`` (with ``--floor``): not the project's model but the Python backend's own floor, a
+  bench-only model that tokenizes each request and answers zeros from a thread
+  (``bench.emulated_model.PythonBackendFloorModel``): what any design on this backend pays at
+  least, per request, in its stub and in Triton.
 Each measurement starts a server that loads only that variant; the variants alternate, in an
 order that flips every round, so the shared machine's drift falls on all alike. perf_analyzer
 (gRPC, real-text rows) drives it at one concurrency; CPU seconds of Triton and of each stub are
 read from /proc over the measurement, so per-request CPU is summed over every server process
-(the client excluded) and split by process.
+(the client excluded) and split by process, with each process's context switches per request
+(voluntary and not, summed over its threads, from /proc): where the CPU goes to threads handing
+work to each other rather than to the work.
+
+With ``--baseline-tree`` (another checkout of this project, a git worktree under build/, say),
+every variant is also served by that checkout's code, in the same alternation: a change's
+effect measured side by side with the code before it, on the same engine files.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -55,10 +66,29 @@ class Served:
     p99_ms: float
     stable: bool
     cpu_us_per_request: dict[str, float]  # by process role: triton, front(s), owner, model
+    switches_per_request: dict[str, float]  # context switches, by process role
     rows_per_forward: float  # what the planners made of the rows they saw
     # the rest of the machine's busy CPU per request: the client (perf_analyzer) and whatever
     # else ran on the shared machine meanwhile
     other_us_per_request: float = 0.0
+
+
+def context_switches(pid: int) -> int:
+    """Context switches of every thread of a process so far, voluntary or not (0 once gone)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 def machine_busy_seconds() -> float:
@@ -76,10 +106,23 @@ def stub_role(pid: int) -> str:
     return "front" if "_split" in model else "model"
 
 
-def variant(repository: Path, fronts: int, table: str = "zero") -> str:
+FLOOR = "floor"  # the layout of the Python backend's floor model
+FLOOR_MODEL_PY = (
+    '"""Bench only: the Python backend floor (bench.emulated_model), not the project model."""\n'
+    "from bench.emulated_model import PythonBackendFloorModel as TritonPythonModel\n\n"
+    '__all__ = ["TritonPythonModel"]\n'
+)
+Layout = int | str  # fronts (> 0), today's model with -N instances (<= 0), or FLOOR
+
+
+def variant(repository: Path, fronts: Layout, table: str = "zero") -> str:
     """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
-    ``-fronts`` instances (each its own queue). ``table`` "engine" serves the bench model's own
-    ONNX Runtime engine, any other is the emulated engine's table."""
+    ``-fronts`` instances (each its own queue), or FLOOR. ``table`` "engine" serves the bench
+    model's own ONNX Runtime engine, any other is the emulated engine's table."""
+    if fronts == FLOOR:
+        add_model_variant(repository, SOURCE, "python_backend_floor", model_py=FLOOR_MODEL_PY)
+        return "python_backend_floor"
+    assert isinstance(fronts, int)
     real = table == "engine"
     prefix = "engine" if real else "emulated"
     if fronts <= 0:
@@ -101,11 +144,22 @@ def variant(repository: Path, fronts: int, table: str = "zero") -> str:
 
 
 def serve_once(
-    repository: Path, fronts: int, concurrency: int, rows: int, tmp: Path, ms: int, table: str
+    repository: Path,
+    fronts: Layout,
+    concurrency: int,
+    rows: int,
+    tmp: Path,
+    ms: int,
+    table: str,
+    code_root: Path = ROOT,
 ) -> Served:
+    """One measurement of one variant, in a server of its own whose models import
+    ``code_root``'s python_backend."""
     model = variant(repository, fronts, table)
-    loads = [model] + ([f"{model}_owner"] if fronts > 0 else [])
-    server = TritonServer.loading_only(repository, tuple(loads), tmp / f"triton-{model}.log")
+    loads = [model] + ([f"{model}_owner"] if isinstance(fronts, int) and fronts > 0 else [])
+    server = TritonServer.loading_only(
+        repository, tuple(loads), tmp / f"triton-{model}.log", code_root=code_root
+    )
     try:
         server.start()
         server.wait_ready()
@@ -124,6 +178,7 @@ def serve_once(
         metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
         forwards_before = forward_stats(metrics, model)
         before = {pid: cpu_seconds(pid) for pid in pids}
+        switches_before = {pid: context_switches(pid) for pid in pids}
         busy_before = machine_busy_seconds()
         started = time.monotonic()
         point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
@@ -132,22 +187,36 @@ def serve_once(
         time.sleep(0.6)  # the models publish their metrics every 0.25 s
         done = forwards_between(forwards_before, forward_stats(metrics, model)).values()
         spent: dict[str, float] = defaultdict(float)
+        switched: dict[str, float] = defaultdict(float)
         for pid, role in pids.items():
             spent[role] += cpu_seconds(pid) - before[pid]
+            switched[role] += context_switches(pid) - switches_before[pid]
     finally:
         server.stop()
     requests_per_s = point.rows_per_s / rows
     per_request = {role: s / wall / requests_per_s * 1e6 for role, s in spent.items()}
+    switches = {role: n / wall / requests_per_s for role, n in switched.items()}
     other = max(0.0, busy - sum(spent.values())) / wall / requests_per_s * 1e6
     forwards = sum(bucket["forwards"] for bucket in done)
     per_forward = sum(b["rows"] for b in done) / forwards if forwards else float("nan")
-    return Served(point.rows_per_s, point.p99_ms, stable, per_request, per_forward, other)
+    return Served(point.rows_per_s, point.p99_ms, stable, per_request, switches, per_forward, other)
 
 
-def label(fronts: int) -> str:
+def label(fronts: Layout) -> str:
+    if fronts == FLOOR:
+        return "Python-backend floor"
+    assert isinstance(fronts, int)
     if fronts > 0:
         return f"{fronts} front{'s' if fronts > 1 else ''}"
     return "one process" if fronts == 0 else f"{-fronts} instances"
+
+
+THIS, BASELINE = "this checkout", "baseline"
+
+
+def variant_label(key: tuple[Layout, str], compared: bool) -> str:
+    fronts, code = key
+    return f"{label(fronts)}, {code}" if compared else label(fronts)
 
 
 @reports_errors
@@ -170,17 +239,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--measurement-ms", type=int, default=6000)
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also serve the Python backend's floor (a bench-only model: tokenize, answer zeros)",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another checkout of this project: every variant is served by its code too",
+    )
     args = parser.parse_args(argv)
+    compared = args.baseline_tree is not None
+    if compared and not (args.baseline_tree / "python_backend").is_dir():
+        parser.error(f"--baseline-tree {args.baseline_tree} is not a checkout of this project")
+    codes = {THIS: ROOT} | ({BASELINE: args.baseline_tree.resolve()} if compared else {})
     repository, _ = build_repository(args.repository, rebuild=False)
-    variants = [
+    layouts: list[Layout] = [
         0,
         *(-int(n) for n in args.instances.split(",") if n),
         *(int(n) for n in args.fronts.split(",") if n),
     ]
-    results: dict[int, list[Served]] = defaultdict(list)
+    # the floor is no checkout's model: served once a round, by this checkout's bench module
+    variants = [(fronts, code) for fronts in layouts for code in codes]
+    variants += [(FLOOR, THIS)] if args.floor else []
+    results: dict[tuple[Layout, str], list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for fronts in variants if r % 2 == 0 else variants[::-1]:
+            for key in variants if r % 2 == 0 else variants[::-1]:
+                fronts, code = key
                 served = serve_once(
                     repository,
                     fronts,
@@ -189,41 +276,53 @@ def main(argv: list[str] | None = None) -> int:
                     Path(tmp),
                     args.measurement_ms,
                     args.table,
+                    codes[code],
                 )
-                results[fronts].append(served)
+                results[key].append(served)
                 shares = ", ".join(
-                    f"{k} {v:.0f}" for k, v in sorted(served.cpu_us_per_request.items())
+                    f"{k} {v:.0f} ({served.switches_per_request[k]:.1f} switches)"
+                    for k, v in sorted(served.cpu_us_per_request.items())
                 )
                 print(
-                    f"round {r + 1} {label(fronts):<12} {served.rows_per_s:8.0f} rows/s  "
+                    f"round {r + 1} {variant_label(key, compared):<12} {served.rows_per_s:8.0f} rows/s  "
                     f"p99 {served.p99_ms:6.0f} ms  rows/forward {served.rows_per_forward:5.1f}  "
                     f"CPU us/request: {shares}" + ("" if served.stable else " (unstable)"),
                     flush=True,
                 )
-    base = float(np.mean([s.rows_per_s for s in results[0]]))
-    base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[0]]))
+    # "one process": today's model, served by the baseline's code where one is compared
+    today = (0, BASELINE if compared else THIS)
+    base = float(np.mean([s.rows_per_s for s in results[today]]))
+    base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[today]]))
     print(
         f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request, engine {args.table}, "
         f"means of {args.rounds} rounds:\n"
     )
+    versus = f"one process{', baseline' if compared else ''}"
     print(
-        "| layout | rows/s (each round) | mean rows/s | vs one process | rows per forward "
-        "| server CPU us/request (by process) | CPU vs one process |"
+        f"| layout | rows/s (each round) | mean rows/s | vs {versus} | rows per forward "
+        f"| server CPU us/request (by process) | CPU vs {versus} "
+        "| context switches/request (by process) |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for fronts in variants:
-        runs = results[fronts]
+    print("|---|---|---|---|---|---|---|---|")
+    for key in variants:
+        runs = results[key]
         rate = float(np.mean([s.rows_per_s for s in runs]))
         roles = sorted({k for s in runs for k in s.cpu_us_per_request})
         by_role = {
             k: float(np.mean([s.cpu_us_per_request.get(k, 0.0) for s in runs])) for k in roles
         }
         cpu = sum(by_role.values())
+        switches = {
+            k: float(np.mean([s.switches_per_request.get(k, 0.0) for s in runs])) for k in roles
+        }
         per_forward = float(np.mean([s.rows_per_forward for s in runs]))
+        forwards = "-" if np.isnan(per_forward) else f"{per_forward:.1f}"  # the floor plans none
         print(
-            f"| {label(fronts)} | {', '.join(f'{s.rows_per_s:.0f}' for s in runs)} | {rate:.0f} "
-            f"| {rate / base:.2f}x | {per_forward:.1f} | {cpu:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in by_role.items())}) "
-            f"| {cpu / base_cpu:.2f}x |"
+            f"| {variant_label(key, compared)} | {', '.join(f'{s.rows_per_s:.0f}' for s in runs)} "
+            f"| {rate:.0f} "
+            f"| {rate / base:.2f}x | {forwards} | {cpu:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in by_role.items())}) "
+            f"| {cpu / base_cpu:.2f}x "
+            f"| {sum(switches.values()):.1f} ({', '.join(f'{k} {v:.1f}' for k, v in switches.items())}) |"
         )
     return 0
 

@@ -142,7 +142,7 @@ class TritonServer:
 
     @classmethod
     def loading_only(
-        cls, repository: Path, models: tuple[str, ...], log_path: Path
+        cls, repository: Path, models: tuple[str, ...], log_path: Path, code_root: Path = ROOT
     ) -> TritonServer:
         """On free ports, with only ``models`` of the repository loaded (explicit model control):
         a measurement that should see one model, not every model of the repository."""
@@ -153,6 +153,7 @@ class TritonServer:
             free_port(),
             log_path=log_path,
             extra_args=[*(f"--load-model={m}" for m in models), "--model-control-mode=explicit"],
+            code_root=code_root,
         )
 
     @property
