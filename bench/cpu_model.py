@@ -2,6 +2,7 @@
 
     python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000]
     python -m bench.cpu_model measure-owner [--rounds 3]
+    python -m bench.cpu_model measure-floor [--rounds 3]
     python -m bench.cpu_model report
 
 ``measure`` serves the bench model over the emulated engine with a zero table (forwards take
@@ -13,6 +14,8 @@ request from /proc (``bench.fronts.serve_once``), and the rest of the machine's 
 client). It writes them to bench/data/cpu_costs.json.
 
 ``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``).
+``measure-floor`` adds the Python backend's floor (``bench.fronts --floor``) at 1 and 64 rows per
+request: the least any design that answers each request from a Python-backend stub spends.
 
 ``report`` predicts every measured point from that layout's own CPU per request at that size
 and the serial time of one front (one process) measured where it served alone, with this
@@ -37,7 +40,7 @@ from bench.cost_tables import gpu_table, read_lengths
 from bench.docs import save_figure, write_section
 from bench.errors import reports_errors
 from bench.paths import LENGTHS, ROOT
-from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, predict
+from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, cpu_ceilings, predict
 from builder.cores import default_fronts
 
 COSTS_FILE = ROOT / "bench" / "data" / "cpu_costs.json"
@@ -92,6 +95,28 @@ def measure_owner_alone(rounds: int, seconds: float) -> dict[str, float]:
             print(f"owner alone, {rows} rows a request: {spent[-1]:.0f} us a request", flush=True)
         out[str(rows)] = float(np.mean(spent))
     return out
+
+
+def measure_floor(rounds: int, ms: int, repository: Path) -> dict[str, dict[str, float]]:
+    """The Python backend's floor (``bench.fronts --floor``: a bench-only model that tokenizes
+    each request and answers zeros from a thread, no queue, owner or planner) at each node size
+    of request: its CPU per request by process, means of ``rounds`` runs, the client excluded.
+    Any design that answers each request from a Python-backend stub pays at least this."""
+    from bench.fronts import FLOOR, serve_once
+    from bench.harness import build_repository
+
+    repository, _ = build_repository(repository, rebuild=False)
+    runs: dict[int, list[dict[str, float]]] = {rows: [] for rows in NODE_ROWS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for rows in NODE_ROWS if r % 2 == 0 else NODE_ROWS[::-1]:
+                served = serve_once(repository, FLOOR, CLIENTS[rows], rows, Path(tmp), ms, "zero")
+                runs[rows].append(served.cpu_us_per_request)
+                print(f"floor, {rows} rows a request: {served.cpu_us_per_request}", flush=True)
+    return {
+        str(rows): {role: float(np.mean([run[role] for run in mine])) for role in sorted(mine[0])}
+        for rows, mine in runs.items()
+    }
 
 
 def runs_of(points: list[dict], fronts: int, rows: int) -> list[dict]:
@@ -268,6 +293,7 @@ def node_predictions(
             f"ceiling ({TRITON_CEILING_PER_S:,.0f}/s, server#7590) allow {allowed:,.0f} one-row "
             f"requests/s on {cores} cores; the best layout above serves {ours:,.0f} rows/s, "
             f"{ours / allowed:.0%} of that.",
+            *floor_bound(data, cores, allowed, ours),
             f"- The engine alone (no CPU cost at all) serves {engine.rows_per_s:,.0f} rows/s in "
             "64-row requests.",
             f"- With the owner's cost as served on this machine's 2 shared cores instead of alone "
@@ -294,6 +320,25 @@ def node_predictions(
             )
         lines.append("")
     return "\n".join(lines), plotted
+
+
+def floor_bound(data: dict, cores: int, allowed: float, ours: float) -> list[str]:
+    """The bullet on what the Python backend's floor allows on ``cores`` cores (none before
+    ``measure-floor`` has run)."""
+    floor = data.get("floor_us", {}).get("1")
+    if not floor:
+        return []
+    limits = cpu_ceilings(CpuCosts(floor, 0.0), cores, Layout(instances=1))
+    bound = min(limits.values())
+    return [
+        f"- The Python backend's own floor (`measure-floor`: a bench-only model that tokenizes "
+        f"each request and answers zeros from a thread, no queue, owner or planner) costs "
+        f"{sum(floor.values()):.0f} us a one-row request here (Triton {floor['triton']:.0f}, "
+        f"its stub {floor['model']:.0f}): {cores} cores carry "
+        f"at most {bound:,.0f} one-row requests/s of any design that answers each request from "
+        f"a Python-backend stub, {bound / allowed:.0%} of what Triton's own cost allows; the "
+        f"best layout above serves {ours / bound:.0%} of that bound."
+    ]
 
 
 def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
@@ -344,7 +389,7 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
 @reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("measure", "measure-owner", "report"))
+    parser.add_argument("what", choices=("measure", "measure-owner", "measure-floor", "report"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--measurement-ms", type=int, default=5000)
     parser.add_argument("--cores", type=int, default=16, help="the node the report predicts")
@@ -357,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(COSTS_FILE.read_text())
     if args.what == "measure-owner":
         data["owner_alone_us"] = measure_owner_alone(args.rounds, args.measurement_ms / 1000)
+    if args.what == "measure-floor":
+        data["floor_us"] = measure_floor(args.rounds, args.measurement_ms, args.repository)
+    if args.what in ("measure-owner", "measure-floor"):
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     table = validation(data)
@@ -365,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     text = (
         "## The server's CPU, modelled\n\n"
         "    python -m bench.cpu_model measure --rounds 3   # writes bench/data/cpu_costs.json\n"
+        "    python -m bench.cpu_model measure-owner         # the owner alone on a core\n"
+        "    python -m bench.cpu_model measure-floor         # the Python backend's floor\n"
         "    python -m bench.cpu_model report               # this section, docs/cpu_model.png\n\n"
         "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
         "fronts, the queue owner (its transport included) and, here, the client; each front "

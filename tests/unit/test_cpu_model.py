@@ -49,3 +49,18 @@ def test_a_slow_engine_bounds_the_rate_where_the_cpu_would_allow_more():
     assert fast.bound != "GPU" and fast.rows_per_s == pytest.approx(fast.cpu_rows_per_s)
     # the engine's own ceiling, found by the planner: more rows a forward than one
     assert served.rows_per_forward > 4
+
+
+def test_the_python_backends_floor_bounds_any_design_by_the_cores_it_takes():
+    from bench.cpu_model import floor_bound
+
+    data = {"floor_us": {"1": {"triton": 250.0, "model": 300.0}}}
+    (line,) = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    bound = 16 / 550e-6  # the cores, spent at 550 us a request: well under Triton's ceiling
+    assert f"at most {bound:,.0f} one-row requests/s" in line
+    assert f"{bound / 50_000:.0%} of what Triton's own cost allows" in line
+    assert f"serves {17_000 / bound:.0%} of that bound" in line
+    # on many cores Triton's own ceiling bounds the floor too
+    (wide,) = floor_bound(data, cores=1024, allowed=55_000.0, ours=17_000.0)
+    assert "at most 55,000 one-row" in wide
+    assert floor_bound({}, cores=16, allowed=50_000.0, ours=17_000.0) == []
