@@ -325,19 +325,29 @@ def node_predictions(
 def floor_bound(data: dict, cores: int, allowed: float, ours: float) -> list[str]:
     """The bullet on what the Python backend's floor allows on ``cores`` cores (none before
     ``measure-floor`` has run)."""
-    floor = data.get("floor_us", {}).get("1")
+    measured = data.get("floor_us", {})
+    floor = measured.get("1")
     if not floor:
         return []
-    limits = cpu_ceilings(CpuCosts(floor, 0.0), cores, Layout(instances=1))
-    bound = min(limits.values())
+
+    def bound(us: dict[str, float]) -> float:
+        """Requests/s the floor's CPU allows: the cores it takes, or Triton's own ceiling."""
+        return min(cpu_ceilings(CpuCosts(us, 0.0), cores, Layout(instances=1)).values())
+
+    one = bound(floor)
+    many = (
+        f" (in 64-row requests, {64 * bound(measured['64']):,.0f} rows/s)"
+        if "64" in measured
+        else ""
+    )
     return [
         f"- The Python backend's own floor (`measure-floor`: a bench-only model that tokenizes "
         f"each request and answers zeros from a thread, no queue, owner or planner) costs "
         f"{sum(floor.values()):.0f} us a one-row request here (Triton {floor['triton']:.0f}, "
-        f"its stub {floor['model']:.0f}): {cores} cores carry "
-        f"at most {bound:,.0f} one-row requests/s of any design that answers each request from "
-        f"a Python-backend stub, {bound / allowed:.0%} of what Triton's own cost allows; the "
-        f"best layout above serves {ours / bound:.0%} of that bound."
+        f"its stub {floor['model']:.0f}): {cores} cores carry at most {one:,.0f} one-row "
+        f"requests/s of any design that answers each request from a Python-backend stub"
+        f"{many}, {one / allowed:.0%} of what Triton's own cost allows; the best layout above "
+        f"serves {ours / one:.0%} of that bound."
     ]
 
 

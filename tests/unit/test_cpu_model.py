@@ -64,3 +64,7 @@ def test_the_python_backends_floor_bounds_any_design_by_the_cores_it_takes():
     (wide,) = floor_bound(data, cores=1024, allowed=55_000.0, ours=17_000.0)
     assert "at most 55,000 one-row" in wide
     assert floor_bound({}, cores=16, allowed=50_000.0, ours=17_000.0) == []
+    # with 64-row requests measured too: their rows/s beside
+    data["floor_us"]["64"] = {"triton": 500.0, "model": 7500.0}
+    (both,) = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    assert f"in 64-row requests, {64 * 16 / 8000e-6:,.0f} rows/s" in both
