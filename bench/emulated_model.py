@@ -42,7 +42,7 @@ class PythonBackendFloorModel:
 
         import triton_python_backend_utils as pb_utils
 
-        from python_backend.contract import NUM_TOKENS_OUTPUT
+        from python_backend.engines.base import BucketLayout
         from python_backend.manifest import load_manifest
         from python_backend.tokenization import TextTokenizer
         from python_backend.triton_model import parse_args
@@ -50,10 +50,9 @@ class PythonBackendFloorModel:
         self.pb_utils = pb_utils
         instance = parse_args(args)
         manifest = load_manifest(instance.version_dir)
-        longest = max(b.length for b in manifest.buckets)
+        longest = BucketLayout.from_manifest(manifest).longest_row  # as the fronts truncate
         self.tokenizer = TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest)
         self.output_name, self.width = manifest.output_name, manifest.output_dim
-        self.num_tokens_name = NUM_TOKENS_OUTPUT
         self.answers: queue.SimpleQueue[tuple[Any, list[Any]]] = queue.SimpleQueue()
         threading.Thread(target=self._answer, name="floor-answers", daemon=True).start()
 
@@ -67,6 +66,8 @@ class PythonBackendFloorModel:
     def _answer(self) -> None:
         import numpy as np
 
+        from python_backend.contract import NUM_TOKENS_OUTPUT
+
         pb = self.pb_utils
         while True:
             sender, rows = self.answers.get()
@@ -75,7 +76,7 @@ class PythonBackendFloorModel:
             response = pb.InferenceResponse(
                 output_tensors=[
                     pb.Tensor(self.output_name, outputs),
-                    pb.Tensor(self.num_tokens_name, tokens),
+                    pb.Tensor(NUM_TOKENS_OUTPUT, tokens),
                 ]
             )
             sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -74,7 +74,9 @@ class Served:
 
 
 def context_switches(pid: int) -> int:
-    """Context switches of every thread of a process so far, voluntary or not (0 once gone)."""
+    """Context switches of every thread of a process so far, voluntary or not (0 once gone).
+    Summed over /proc/PID/task: /proc/PID/status (what psutil reads) counts the main thread's
+    only, and the stubs' switches are in their other threads."""
     total = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -112,10 +114,12 @@ FLOOR_MODEL_PY = (
     "from bench.emulated_model import PythonBackendFloorModel as TritonPythonModel\n\n"
     '__all__ = ["TritonPythonModel"]\n'
 )
-Layout = int | str  # fronts (> 0), today's model with -N instances (<= 0), or FLOOR
+# which layout a variant serves: fronts (> 0), today's model with -N instances (<= 0), or FLOOR
+# (not bench.sim.cpu.Layout, the CPU model's description of a layout)
+VariantLayout = int | str
 
 
-def variant(repository: Path, fronts: Layout, table: str = "zero") -> str:
+def variant(repository: Path, fronts: VariantLayout, table: str = "zero") -> str:
     """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
     ``-fronts`` instances (each its own queue), or FLOOR. ``table`` "engine" serves the bench
     model's own ONNX Runtime engine, any other is the emulated engine's table."""
@@ -145,7 +149,7 @@ def variant(repository: Path, fronts: Layout, table: str = "zero") -> str:
 
 def serve_once(
     repository: Path,
-    fronts: Layout,
+    fronts: VariantLayout,
     concurrency: int,
     rows: int,
     tmp: Path,
@@ -202,7 +206,7 @@ def serve_once(
     return Served(point.rows_per_s, point.p99_ms, stable, per_request, switches, per_forward, other)
 
 
-def label(fronts: Layout) -> str:
+def label(fronts: VariantLayout) -> str:
     if fronts == FLOOR:
         return "Python-backend floor"
     assert isinstance(fronts, int)
@@ -214,7 +218,7 @@ def label(fronts: Layout) -> str:
 THIS, BASELINE = "this checkout", "baseline"
 
 
-def variant_label(key: tuple[Layout, str], compared: bool) -> str:
+def variant_label(key: tuple[VariantLayout, str], compared: bool) -> str:
     fronts, code = key
     return f"{label(fronts)}, {code}" if compared else label(fronts)
 
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline-tree {args.baseline_tree} is not a checkout of this project")
     codes = {THIS: ROOT} | ({BASELINE: args.baseline_tree.resolve()} if compared else {})
     repository, _ = build_repository(args.repository, rebuild=False)
-    layouts: list[Layout] = [
+    layouts: list[VariantLayout] = [
         0,
         *(-int(n) for n in args.instances.split(",") if n),
         *(int(n) for n in args.fronts.split(",") if n),
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     # the floor is no checkout's model: served once a round, by this checkout's bench module
     variants = [(fronts, code) for fronts in layouts for code in codes]
     variants += [(FLOOR, THIS)] if args.floor else []
-    results: dict[tuple[Layout, str], list[Served]] = defaultdict(list)
+    results: dict[tuple[VariantLayout, str], list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for key in variants if r % 2 == 0 else variants[::-1]:
