@@ -27,6 +27,9 @@ class EmulatedOwnerModel(OwnerModel):
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         return emulated_engine(manifest, version_dir)
 
+    def computes_on_cpu(self, manifest: Any) -> bool:
+        return False  # it stands for a GPU's engine: its forwards only wait
+
 
 class PythonBackendFloorModel:
     """Bench only, not the project's model: the least a Python-backend model that tokenizes does

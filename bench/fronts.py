@@ -119,10 +119,13 @@ FLOOR_MODEL_PY = (
 VariantLayout = int | str
 
 
-def variant(repository: Path, fronts: VariantLayout, table: str = "zero") -> str:
-    """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
-    ``-fronts`` instances (each its own queue), or FLOOR. ``table`` "engine" serves the bench
-    model's own ONNX Runtime engine, any other is the emulated engine's table."""
+def variant(
+    repository: Path, fronts: VariantLayout, table: str = "zero", pinned: bool = False
+) -> str:
+    """The variant's model name: ``fronts`` > 0 the split layout (``pinned``: with the
+    ``pin_cores`` setting on), else today's model with ``-fronts`` instances (each its own
+    queue), or FLOOR. ``table`` "engine" serves the bench model's own ONNX Runtime engine, any
+    other is the emulated engine's table."""
     if fronts == FLOOR:
         add_model_variant(repository, SOURCE, "python_backend_floor", model_py=FLOOR_MODEL_PY)
         return "python_backend_floor"
@@ -139,11 +142,12 @@ def variant(repository: Path, fronts: VariantLayout, table: str = "zero") -> str
         else:
             add_emulated_variant(repository, SOURCE, name, table, instances=instances)
     else:
-        name = f"{prefix}_split{fronts}"
+        name = f"{prefix}_split{fronts}" + ("_pinned" if pinned else "")
+        parameters = {"pin_cores": "on" if pinned else "off"}
         if real:
-            add_split_variant(repository, SOURCE, name, fronts)
+            add_split_variant(repository, SOURCE, name, fronts, parameters)
         else:
-            add_emulated_split_variant(repository, SOURCE, name, table, fronts)
+            add_emulated_split_variant(repository, SOURCE, name, table, fronts, parameters)
     return name
 
 
@@ -156,10 +160,11 @@ def serve_once(
     ms: int,
     table: str,
     code_root: Path = ROOT,
+    pinned: bool = False,
 ) -> Served:
     """One measurement of one variant, in a server of its own whose models import
     ``code_root``'s python_backend."""
-    model = variant(repository, fronts, table)
+    model = variant(repository, fronts, table, pinned)
     loads = [model] + ([f"{model}_owner"] if isinstance(fronts, int) and fronts > 0 else [])
     server = TritonServer.loading_only(
         repository, tuple(loads), tmp / f"triton-{model}.log", code_root=code_root
@@ -216,11 +221,14 @@ def label(fronts: VariantLayout) -> str:
 
 
 THIS, BASELINE = "this checkout", "baseline"
+# a measured variant: its layout, whether its processes are pinned (pin_cores), whose code
+Variant = tuple[VariantLayout, bool, str]
 
 
-def variant_label(key: tuple[VariantLayout, str], compared: bool) -> str:
-    fronts, code = key
-    return f"{label(fronts)}, {code}" if compared else label(fronts)
+def variant_label(key: Variant, compared: bool) -> str:
+    fronts, pinned, code = key
+    name = label(fronts) + (", pinned" if pinned else "")
+    return f"{name}, {code}" if compared else name
 
 
 @reports_errors
@@ -249,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve the Python backend's floor (a bench-only model: tokenize, answer zeros)",
     )
     parser.add_argument(
+        "--pin-cores",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the split variants with the pin_cores setting off, on, or both side by side",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
         help="another checkout of this project: every variant is served by its code too",
@@ -264,14 +278,20 @@ def main(argv: list[str] | None = None) -> int:
         *(-int(n) for n in args.instances.split(",") if n),
         *(int(n) for n in args.fronts.split(",") if n),
     ]
+    pins = {"off": (False,), "on": (True,), "both": (False, True)}[args.pin_cores]
     # the floor is no checkout's model: served once a round, by this checkout's bench module
-    variants = [(fronts, code) for fronts in layouts for code in codes]
-    variants += [(FLOOR, THIS)] if args.floor else []
-    results: dict[tuple[VariantLayout, str], list[Served]] = defaultdict(list)
+    variants: list[Variant] = [
+        (fronts, pinned, code)
+        for fronts in layouts
+        for pinned in (pins if isinstance(fronts, int) and fronts > 0 else (False,))
+        for code in codes
+    ]
+    variants += [(FLOOR, False, THIS)] if args.floor else []
+    results: dict[Variant, list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for key in variants if r % 2 == 0 else variants[::-1]:
-                fronts, code = key
+                fronts, pinned, code = key
                 served = serve_once(
                     repository,
                     fronts,
@@ -281,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.measurement_ms,
                     args.table,
                     codes[code],
+                    pinned,
                 )
                 results[key].append(served)
                 shares = ", ".join(
@@ -294,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     # "one process": today's model, served by the baseline's code where one is compared
-    today = (0, BASELINE if compared else THIS)
+    today: Variant = (0, False, BASELINE if compared else THIS)
     base = float(np.mean([s.rows_per_s for s in results[today]]))
     base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[today]]))
     print(

@@ -187,9 +187,14 @@ def add_emulated_variant(
 
 
 def add_emulated_split_variant(
-    repository: Path, source: str, name: str, table: str, fronts: int
+    repository: Path,
+    source: str,
+    name: str,
+    table: str,
+    fronts: int,
+    parameters: dict[str, str] | None = None,
 ) -> None:
     """``source`` in the split layout (``fronts`` fronts and ``name``_owner), the owner over the
     emulated engine with ``table``; the fronts are the project's own."""
-    add_split_variant(repository, source, name, fronts, owner_py=EMULATED_OWNER_PY)
+    add_split_variant(repository, source, name, fronts, parameters, owner_py=EMULATED_OWNER_PY)
     (repository / name / "1" / TABLE_FILE).write_text(table + "\n")

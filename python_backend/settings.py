@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from python_backend.cost_models import OVERHEAD_ENV_VAR
+from python_backend.cpu_pinning import PIN_CORES
 from python_backend.planner import PLANNERS
 from python_backend.values import (
     BadValue,
@@ -66,6 +67,13 @@ class Settings:
         "dp",
         one_of(tuple(PLANNERS)),
         "`dp`, or `per_bucket` (the baseline, to measure what the DP gains)",
+    )
+    pin_cores: str = _setting(
+        "auto",
+        one_of(PIN_CORES),
+        "split layout: each front and queue owner on a core of its own: `on`, `off`, or `auto` "
+        "(where the server has cores of its own: a cpuset); an owner whose engine computes on "
+        "the CPU keeps every core",
     )
 
 

@@ -30,6 +30,7 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
+from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
@@ -72,11 +73,26 @@ def socket_dir() -> str:
     return os.path.join(base, str(os.getppid()))
 
 
+def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
+    """A core of its own for this process where the ``pin_cores`` setting asks for one
+    (python_backend.cpu_pinning)."""
+    if not should_pin(setting):
+        return None
+    claim = pin_to_free_core(socket_dir(), owner)
+    pb_utils.Logger.log_info(
+        f"{instance_name}: pinned to core {claim.core}"
+        if claim is not None
+        else f"{instance_name}: every core is claimed by another front or owner: not pinned"
+    )
+    return claim
+
+
 class FrontModel:
     def initialize(self, args: dict[str, str]) -> None:
         instance = parse_args(args)
         self.model_name, self.instance_name = instance.model_name, instance.instance_name
         settings = settings_from_parameters(instance.parameters, instance.model_name)
+        self.pinned = pin_if_asked(settings.pin_cores, self.instance_name, owner=False)
         manifest = load_manifest(instance.version_dir)
         self.output_name = manifest.output_name
         longest = BucketLayout.from_manifest(manifest).longest_row
@@ -132,6 +148,8 @@ class FrontModel:
     def finalize(self) -> None:
         self.client.stop()
         self.metrics.flush()
+        if self.pinned is not None:
+            self.pinned.release()
 
 
 class OwnerModel(EngineHost):
@@ -153,6 +171,9 @@ class OwnerModel(EngineHost):
         settings = settings_from_parameters(instance.parameters, served)
         manifest = load_manifest(version_dir)
         engine = self.load_engine(manifest, version_dir, instance.device_id)
+        # after the engine's load, so that its threads are pinned too (pin_process)
+        pin = "off" if self.computes_on_cpu(manifest) else settings.pin_cores
+        self.pinned = pin_if_asked(pin, self.instance_name, owner=True)
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
         scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
         self.owner = QueueOwner(
@@ -164,6 +185,11 @@ class OwnerModel(EngineHost):
             + self.engine_line(manifest, instance.device_id, settings.planner, cost)
         )
 
+    def computes_on_cpu(self, manifest: Any) -> bool:
+        """Whether the engine's forwards take the CPU's cores (ONNX Runtime on the CPU): such an
+        owner is never pinned to one of them."""
+        return not manifest.runs_on_gpu
+
     def execute(self, requests: list[Any]) -> list[Any]:
         error = ServeError(
             Reason.BAD_INPUTS,
@@ -174,3 +200,5 @@ class OwnerModel(EngineHost):
 
     def finalize(self) -> None:
         self.close_engine(self.owner.stop(SHUTDOWN_DRAIN_S))
+        if self.pinned is not None:
+            self.pinned.release()

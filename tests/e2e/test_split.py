@@ -3,6 +3,7 @@ owner plans and runs every row (python_backend/split_models.py)."""
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -79,3 +80,50 @@ def test_an_owner_that_fails_to_load_fails_its_fronts_at_once_with_its_reason(re
     text = log.read_text(errors="replace")
     assert "the queue owner failed to start" in text and "no_such_model" in text, text[-3000:]
     assert time.monotonic() - started < 60, "the front did not wait out its whole timeout"
+
+
+def _cores_of(pid: int) -> set[int]:
+    """The cores any thread of process ``pid`` may run on."""
+    return {
+        core for task in os.listdir(f"/proc/{pid}/task") for core in os.sched_getaffinity(int(task))
+    }
+
+
+def test_pinned_fronts_and_owners_run_on_cores_of_their_own(repository, tmp_path):
+    """pin_cores on: a front on the first core, an owner over a GPU-like engine on the last;
+    an owner whose engine computes on the CPU stays on every core, and so does a front with
+    pin_cores off. Their answers are the same."""
+    from bench.harness import add_emulated_split_variant
+    from builder.triton_config import add_split_variant, read_config, write_config
+    from python_backend.cpu_pinning import core_order
+    from tools.serve import child_stubs, stub_model
+    from tools.triton_server import TritonServer
+
+    own = tmp_path / "repository"
+    own.mkdir()
+    (own / "minilm").symlink_to(repository / "minilm", target_is_directory=True)
+    add_emulated_split_variant(own, "minilm", "gpu_like", "zero", 1, {"pin_cores": "on"})
+    add_split_variant(own, "minilm", "on_cpu", fronts=1, parameters={"pin_cores": "on"})
+    front = read_config(own / "on_cpu" / "config.pbtxt")
+    front.parameters["pin_cores"].string_value = "off"  # only its owner asks
+    write_config(front, own / "on_cpu")
+    server = TritonServer.loading_only(
+        own, ("gpu_like", "gpu_like_owner", "on_cpu", "on_cpu_owner"), tmp_path / "triton.log"
+    )
+    server.start()
+    try:
+        server.wait_ready(180)
+        assert server.process is not None
+        cores = {stub_model(pid): _cores_of(pid) for pid in child_stubs(server.process.pid)}
+        rows = ["one row", "and a longer row of text"]
+        _, pinned_tokens = infer(client(server, "http"), "gpu_like", text_inputs("http", rows))
+        _, tokens = infer(client(server, "http"), "on_cpu", text_inputs("http", rows))
+    finally:
+        server.stop()
+    allowed = os.sched_getaffinity(0)
+    order = core_order(allowed)
+    assert cores["gpu_like"] == {order[0]}, cores
+    if len(order) > 1:
+        assert cores["gpu_like_owner"] == {order[-1]}, cores
+    assert cores["on_cpu_owner"] == allowed and cores["on_cpu"] == allowed, cores
+    assert pinned_tokens.tolist() == tokens.tolist()
