@@ -2,7 +2,7 @@
 
     python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000]
     python -m bench.cpu_model measure-owner [--rounds 3]
-    python -m bench.cpu_model measure-floor [--rounds 3]
+    python -m bench.cpu_model measure-floor [--rounds 3] [--pin-cores]
     python -m bench.cpu_model report
 
 ``measure`` serves the bench model over the emulated engine with a zero table (forwards take
@@ -15,7 +15,9 @@ client). It writes them to bench/data/cpu_costs.json.
 
 ``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``).
 ``measure-floor`` adds the Python backend's floor (``bench.fronts --floor``) at 1 and 64 rows per
-request: the least any design that answers each request from a Python-backend stub spends.
+request: the least any design that answers each request from a Python-backend stub spends;
+with ``--pin-cores``, the floor with its process on a core of its own (``pin_cores``), kept
+beside the unpinned one.
 
 ``report`` predicts every measured point from that layout's own CPU per request at that size
 and the serial time of one front (one process) measured where it served alone, with this
@@ -97,11 +99,14 @@ def measure_owner_alone(rounds: int, seconds: float) -> dict[str, float]:
     return out
 
 
-def measure_floor(rounds: int, ms: int, repository: Path) -> dict[str, dict[str, float]]:
+def measure_floor(
+    rounds: int, ms: int, repository: Path, pinned: bool = False
+) -> dict[str, dict[str, float]]:
     """The Python backend's floor (``bench.fronts --floor``: a bench-only model that tokenizes
     each request and answers zeros from a thread, no queue, owner or planner) at each node size
     of request: its CPU per request by process, means of ``rounds`` runs, the client excluded.
-    Any design that answers each request from a Python-backend stub pays at least this."""
+    Any design that answers each request from a Python-backend stub pays at least this.
+    ``pinned``: its process on a core of its own, as pinned fronts are."""
     from bench.fronts import FLOOR, serve_once
     from bench.harness import build_repository
 
@@ -110,7 +115,9 @@ def measure_floor(rounds: int, ms: int, repository: Path) -> dict[str, dict[str,
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             for rows in NODE_ROWS if r % 2 == 0 else NODE_ROWS[::-1]:
-                served = serve_once(repository, FLOOR, CLIENTS[rows], rows, Path(tmp), ms, "zero")
+                served = serve_once(
+                    repository, FLOOR, CLIENTS[rows], rows, Path(tmp), ms, "zero", pinned=pinned
+                )
                 runs[rows].append(served.cpu_us_per_request)
                 print(f"floor, {rows} rows a request: {served.cpu_us_per_request}", flush=True)
     return {
@@ -322,33 +329,40 @@ def node_predictions(
     return "\n".join(lines), plotted
 
 
+# the floor's measurements in cpu_costs.json: unpinned, and pinned to a core (pin_cores)
+FLOOR_KEYS = {"floor_us": "", "floor_pinned_us": ", its process pinned to a core (`pin_cores`)"}
+
+
 def floor_bound(data: dict, cores: int, allowed: float, ours: float) -> list[str]:
-    """The bullet on what the Python backend's floor allows on ``cores`` cores (none before
-    ``measure-floor`` has run)."""
-    measured = data.get("floor_us", {})
-    floor = measured.get("1")
-    if not floor:
-        return []
+    """A bullet on what the Python backend's floor allows on ``cores`` cores for each way it was
+    measured (none before ``measure-floor`` has run)."""
 
     def bound(us: dict[str, float]) -> float:
         """Requests/s the floor's CPU allows: the cores it takes, or Triton's own ceiling."""
         return min(cpu_ceilings(CpuCosts(us, 0.0), cores, Layout(instances=1)).values())
 
-    one = bound(floor)
-    many = (
-        f" (in 64-row requests, {64 * bound(measured['64']):,.0f} rows/s)"
-        if "64" in measured
-        else ""
-    )
-    return [
-        f"- The Python backend's own floor (`measure-floor`: a bench-only model that tokenizes "
-        f"each request and answers zeros from a thread, no queue, owner or planner) costs "
-        f"{sum(floor.values()):.0f} us a one-row request here (Triton {floor['triton']:.0f}, "
-        f"its stub {floor['model']:.0f}): {cores} cores carry at most {one:,.0f} one-row "
-        f"requests/s of any design that answers each request from a Python-backend stub"
-        f"{many}, {one / allowed:.0%} of what Triton's own cost allows; the best layout above "
-        f"serves {ours / one:.0%} of that bound."
-    ]
+    lines = []
+    for key, how in FLOOR_KEYS.items():
+        measured = data.get(key, {})
+        floor = measured.get("1")
+        if not floor:
+            continue
+        one = bound(floor)
+        many = (
+            f" (in 64-row requests, {64 * bound(measured['64']):,.0f} rows/s)"
+            if "64" in measured
+            else ""
+        )
+        lines.append(
+            f"- The Python backend's own floor (`measure-floor`: a bench-only model that tokenizes "
+            f"each request and answers zeros from a thread, no queue, owner or planner{how}) costs "
+            f"{sum(floor.values()):.0f} us a one-row request here (Triton {floor['triton']:.0f}, "
+            f"its stub {floor['model']:.0f}): {cores} cores carry at most {one:,.0f} one-row "
+            f"requests/s of any design that answers each request from a Python-backend stub"
+            f"{many}, {one / allowed:.0%} of what Triton's own cost allows; the best layout above "
+            f"serves {ours / one:.0%} of that bound."
+        )
+    return lines
 
 
 def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
@@ -404,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measurement-ms", type=int, default=5000)
     parser.add_argument("--cores", type=int, default=16, help="the node the report predicts")
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
+    parser.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="measure-floor: the floor's process pinned to a core (pin_cores), kept beside the "
+        "unpinned floor",
+    )
     args = parser.parse_args(argv)
     if args.what == "measure":
         data = measure(args.rounds, args.measurement_ms, args.repository)
@@ -413,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "measure-owner":
         data["owner_alone_us"] = measure_owner_alone(args.rounds, args.measurement_ms / 1000)
     if args.what == "measure-floor":
-        data["floor_us"] = measure_floor(args.rounds, args.measurement_ms, args.repository)
+        key = "floor_pinned_us" if args.pin_cores else "floor_us"
+        data[key] = measure_floor(
+            args.rounds, args.measurement_ms, args.repository, pinned=args.pin_cores
+        )
     if args.what in ("measure-owner", "measure-floor"):
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
@@ -425,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "    python -m bench.cpu_model measure --rounds 3   # writes bench/data/cpu_costs.json\n"
         "    python -m bench.cpu_model measure-owner         # the owner alone on a core\n"
         "    python -m bench.cpu_model measure-floor         # the Python backend's floor\n"
+        "    python -m bench.cpu_model measure-floor --pin-cores  # the same, pinned to a core\n"
         "    python -m bench.cpu_model report               # this section, docs/cpu_model.png\n\n"
         "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
         "fronts, the queue owner (its transport included) and, here, the client; each front "

@@ -37,7 +37,8 @@ class PythonBackendFloorModel:
     and answers zeros of the output's shape from a thread of its own through the request's
     response sender (as the fronts answer). No queue, no owner, no planner: what it costs per
     request, in its stub and in Triton, is what any design built on this backend pays at least
-    (bench.fronts ``--floor``)."""
+    (bench.fronts ``--floor``). Its process is pinned to a core where ``pin_cores`` asks, as a
+    front's is."""
 
     def initialize(self, args: dict[str, str]) -> None:
         import queue
@@ -47,11 +48,16 @@ class PythonBackendFloorModel:
 
         from python_backend.engines.base import BucketLayout
         from python_backend.manifest import load_manifest
+        from python_backend.settings import settings_from_parameters
+        from python_backend.split_models import pin_if_asked
         from python_backend.tokenization import TextTokenizer
         from python_backend.triton_model import parse_args
 
         self.pb_utils = pb_utils
         instance = parse_args(args)
+        # pinned as a front is, where its pin_cores setting asks (bench.fronts --pin-cores)
+        settings = settings_from_parameters(instance.parameters, instance.model_name)
+        self.pinned = pin_if_asked(settings.pin_cores, instance.instance_name, owner=False)
         manifest = load_manifest(instance.version_dir)
         longest = BucketLayout.from_manifest(manifest).longest_row  # as the fronts truncate
         self.tokenizer = TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest)

@@ -3,6 +3,7 @@ server process spends per request, on the real Triton server.
 
     python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
                            [--table zero|table:a30|engine] [--baseline-tree build/baseline]
+                           [--floor] [--pin-cores off|on|both]
 
 Every variant serves the bench model over the emulated engine with a zero table by default
 (forwards take no time: what is measured is the server around the engine, its ceiling at GPU
@@ -21,6 +22,10 @@ read from /proc over the measurement, so per-request CPU is summed over every se
 (the client excluded) and split by process, with each process's context switches per request
 (voluntary and not, summed over its threads, from /proc): where the CPU goes to threads handing
 work to each other rather than to the work.
+
+With ``--pin-cores on`` the split's processes (and the floor's) run with the ``pin_cores``
+setting on, each on a core of its own (python_backend.cpu_pinning); ``both`` serves each of them
+pinned and unpinned, side by side.
 
 With ``--baseline-tree`` (another checkout of this project, a git worktree under build/, say),
 every variant is also served by that checkout's code, in the same alternation: a change's
@@ -122,13 +127,15 @@ VariantLayout = int | str
 def variant(
     repository: Path, fronts: VariantLayout, table: str = "zero", pinned: bool = False
 ) -> str:
-    """The variant's model name: ``fronts`` > 0 the split layout (``pinned``: with the
-    ``pin_cores`` setting on), else today's model with ``-fronts`` instances (each its own
-    queue), or FLOOR. ``table`` "engine" serves the bench model's own ONNX Runtime engine, any
-    other is the emulated engine's table."""
+    """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
+    ``-fronts`` instances (each its own queue), or FLOOR; ``pinned``: the split's or the
+    floor's processes with the ``pin_cores`` setting on. ``table`` "engine" serves the bench
+    model's own ONNX Runtime engine, any other is the emulated engine's table."""
+    pinning = {"pin_cores": "on" if pinned else "off"}
     if fronts == FLOOR:
-        add_model_variant(repository, SOURCE, "python_backend_floor", model_py=FLOOR_MODEL_PY)
-        return "python_backend_floor"
+        name = "python_backend_floor" + ("_pinned" if pinned else "")
+        add_model_variant(repository, SOURCE, name, pinning, model_py=FLOOR_MODEL_PY)
+        return name
     assert isinstance(fronts, int)
     real = table == "engine"
     prefix = "engine" if real else "emulated"
@@ -143,11 +150,10 @@ def variant(
             add_emulated_variant(repository, SOURCE, name, table, instances=instances)
     else:
         name = f"{prefix}_split{fronts}" + ("_pinned" if pinned else "")
-        parameters = {"pin_cores": "on" if pinned else "off"}
         if real:
-            add_split_variant(repository, SOURCE, name, fronts, parameters)
+            add_split_variant(repository, SOURCE, name, fronts, pinning)
         else:
-            add_emulated_split_variant(repository, SOURCE, name, table, fronts, parameters)
+            add_emulated_split_variant(repository, SOURCE, name, table, fronts, pinning)
     return name
 
 
@@ -260,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "--pin-cores",
         choices=("off", "on", "both"),
         default="off",
-        help="the split variants with the pin_cores setting off, on, or both side by side",
+        help="the split variants (and the floor) with the pin_cores setting off, on, or both "
+        "side by side",
     )
     parser.add_argument(
         "--baseline-tree",
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         for pinned in (pins if isinstance(fronts, int) and fronts > 0 else (False,))
         for code in codes
     ]
-    variants += [(FLOOR, False, THIS)] if args.floor else []
+    variants += [(FLOOR, pinned, THIS) for pinned in pins] if args.floor else []
     results: dict[Variant, list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -68,3 +68,8 @@ def test_the_python_backends_floor_bounds_any_design_by_the_cores_it_takes():
     data["floor_us"]["64"] = {"triton": 500.0, "model": 7500.0}
     (both,) = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
     assert f"in 64-row requests, {64 * 16 / 8000e-6:,.0f} rows/s" in both
+    # the pinned floor, where measured, in a bullet of its own after the unpinned one
+    data["floor_pinned_us"] = {"1": {"triton": 200.0, "model": 200.0}}
+    unpinned, pinned = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    assert unpinned == both and "pinned to a core" in pinned and "pinned" not in unpinned
+    assert f"at most {16 / 400e-6:,.0f} one-row requests/s" in pinned
