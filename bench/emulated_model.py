@@ -16,19 +16,23 @@ def emulated_engine(manifest: Any, version_dir: Path) -> EmulatedEngine:
     return EmulatedEngine(manifest, table_seconds(spec))
 
 
-class EmulatedEngineModel(TritonPythonModel):
-    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
-        return emulated_engine(manifest, version_dir)
-
-
-class EmulatedOwnerModel(OwnerModel):
-    """The split layout's queue owner over the emulated engine (the fronts are the real ones)."""
+class EmulatedEngineHost:
+    """What a model over the emulated engine changes in its engine host: the engine, and where
+    it computes (it stands for a GPU's engine: its forwards only wait, so pin_cores applies)."""
 
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         return emulated_engine(manifest, version_dir)
 
     def computes_on_cpu(self, manifest: Any) -> bool:
-        return False  # it stands for a GPU's engine: its forwards only wait
+        return False
+
+
+class EmulatedEngineModel(EmulatedEngineHost, TritonPythonModel):
+    """Today's one-process model over the emulated engine."""
+
+
+class EmulatedOwnerModel(EmulatedEngineHost, OwnerModel):
+    """The split layout's queue owner over the emulated engine (the fronts are the real ones)."""
 
 
 class PythonBackendFloorModel:
@@ -49,9 +53,8 @@ class PythonBackendFloorModel:
         from python_backend.engines.base import BucketLayout
         from python_backend.manifest import load_manifest
         from python_backend.settings import settings_from_parameters
-        from python_backend.split_models import pin_if_asked
         from python_backend.tokenization import TextTokenizer
-        from python_backend.triton_model import parse_args
+        from python_backend.triton_model import parse_args, pin_if_asked
 
         self.pb_utils = pb_utils
         instance = parse_args(args)

@@ -23,9 +23,9 @@ read from /proc over the measurement, so per-request CPU is summed over every se
 (voluntary and not, summed over its threads, from /proc): where the CPU goes to threads handing
 work to each other rather than to the work.
 
-With ``--pin-cores on`` the split's processes (and the floor's) run with the ``pin_cores``
-setting on, each on a core of its own (python_backend.cpu_pinning); ``both`` serves each of them
-pinned and unpinned, side by side.
+With ``--pin-cores on`` every variant's processes run with the ``pin_cores`` setting on, each on
+a core of its own (python_backend.cpu_pinning; not where the engine computes on the CPU, as with
+``--table engine``); ``both`` serves each variant pinned and unpinned, side by side.
 
 With ``--baseline-tree`` (another checkout of this project, a git worktree under build/, say),
 every variant is also served by that checkout's code, in the same alternation: a change's
@@ -128,8 +128,8 @@ def variant(
     repository: Path, fronts: VariantLayout, table: str = "zero", pinned: bool = False
 ) -> str:
     """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
-    ``-fronts`` instances (each its own queue), or FLOOR; ``pinned``: the split's or the
-    floor's processes with the ``pin_cores`` setting on. ``table`` "engine" serves the bench
+    ``-fronts`` instances (each its own queue), or FLOOR; ``pinned``: its processes with the
+    ``pin_cores`` setting on. ``table`` "engine" serves the bench
     model's own ONNX Runtime engine, any other is the emulated engine's table."""
     pinning = {"pin_cores": "on" if pinned else "off"}
     if fronts == FLOOR:
@@ -141,13 +141,15 @@ def variant(
     prefix = "engine" if real else "emulated"
     if fronts <= 0:
         instances = max(1, -fronts)
-        name = f"{prefix}_x{instances}"
+        name = f"{prefix}_x{instances}" + ("_pinned" if pinned else "")
         if real:
-            config = add_model_variant(repository, SOURCE, name)
+            config = add_model_variant(repository, SOURCE, name, pinning)
             config.instance_group[0].count = instances
             write_config(config, repository / name)
         else:
-            add_emulated_variant(repository, SOURCE, name, table, instances=instances)
+            add_emulated_variant(
+                repository, SOURCE, name, table, instances=instances, parameters=pinning
+            )
     else:
         name = f"{prefix}_split{fronts}" + ("_pinned" if pinned else "")
         if real:
@@ -266,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pin-cores",
         choices=("off", "on", "both"),
         default="off",
-        help="the split variants (and the floor) with the pin_cores setting off, on, or both "
-        "side by side",
+        help="every variant with the pin_cores setting off, on, or both side by side",
     )
     parser.add_argument(
         "--baseline-tree",
@@ -288,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     pins = {"off": (False,), "on": (True,), "both": (False, True)}[args.pin_cores]
     # the floor is no checkout's model: served once a round, by this checkout's bench module
     variants: list[Variant] = [
-        (fronts, pinned, code)
-        for fronts in layouts
-        for pinned in (pins if isinstance(fronts, int) and fronts > 0 else (False,))
-        for code in codes
+        (fronts, pinned, code) for fronts in layouts for pinned in pins for code in codes
     ]
     variants += [(FLOOR, pinned, THIS) for pinned in pins] if args.floor else []
     results: dict[Variant, list[Served]] = defaultdict(list)
@@ -322,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     # "one process": today's model, served by the baseline's code where one is compared
-    today: Variant = (0, False, BASELINE if compared else THIS)
+    # unpinned where measured so
+    today: Variant = (0, pins[0], BASELINE if compared else THIS)
     base = float(np.mean([s.rows_per_s for s in results[today]]))
     base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[today]]))
     print(

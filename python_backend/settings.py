@@ -71,9 +71,9 @@ class Settings:
     pin_cores: str = _setting(
         "auto",
         one_of(PIN_CORES),
-        "split layout: each front and queue owner on a core of its own: `on`, `off`, or `auto` "
-        "(where the server has cores of its own: a cpuset); an owner whose engine computes on "
-        "the CPU keeps every core",
+        "each front, queue owner and GPU instance on a core of its own: `on`, `off`, or `auto` "
+        "(where the server has cores of its own: a cpuset); an engine that computes on the CPU "
+        "keeps every core",
     )
 
 

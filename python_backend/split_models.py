@@ -15,7 +15,6 @@ ready. docs/ARCHITECTURE.md says who owns what and what happens when either dies
 
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,6 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
-from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
@@ -51,9 +49,11 @@ from python_backend.triton_model import (
     admit_each,
     answer_response,
     parse_args,
+    pin_if_asked,
     planner_scheduler,
     refusal,
     request_decoder,
+    socket_dir,
 )
 
 OWNER_WAIT_S = 600.0  # a front's initialize waits this long for its owner (a TensorRT load)
@@ -64,27 +64,6 @@ def _parameter(parameters: dict[str, Any], key: str) -> str:
     if not value:
         raise ValueError(f"the model config has no parameter {key!r}")
     return str(value)
-
-
-def socket_dir() -> str:
-    """Where this Triton server's owners bind: private to the user, one folder per server (the
-    stubs' parent is the server), so two servers on one host never share a socket."""
-    base = os.environ.get("PLANNER_SOCKET_DIR") or f"/tmp/triton-planner-{os.getuid()}"
-    return os.path.join(base, str(os.getppid()))
-
-
-def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
-    """A core of its own for this process where the ``pin_cores`` setting asks for one
-    (python_backend.cpu_pinning)."""
-    if not should_pin(setting):
-        return None
-    claim = pin_to_free_core(socket_dir(), owner)
-    pb_utils.Logger.log_info(
-        f"{instance_name}: pinned to core {claim.core}"
-        if claim is not None
-        else f"{instance_name}: every core is claimed by another front or owner: not pinned"
-    )
-    return claim
 
 
 class FrontModel:
@@ -171,9 +150,7 @@ class OwnerModel(EngineHost):
         settings = settings_from_parameters(instance.parameters, served)
         manifest = load_manifest(version_dir)
         engine = self.load_engine(manifest, version_dir, instance.device_id)
-        # after the engine's load, so that its threads are pinned too (pin_process)
-        pin = "off" if self.computes_on_cpu(manifest) else settings.pin_cores
-        self.pinned = pin_if_asked(pin, self.instance_name, owner=True)
+        self.pin_engine_host(manifest, settings.pin_cores)
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
         scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
         self.owner = QueueOwner(
@@ -185,11 +162,6 @@ class OwnerModel(EngineHost):
             + self.engine_line(manifest, instance.device_id, settings.planner, cost)
         )
 
-    def computes_on_cpu(self, manifest: Any) -> bool:
-        """Whether the engine's forwards take the CPU's cores (ONNX Runtime on the CPU): such an
-        owner is never pinned to one of them."""
-        return not manifest.runs_on_gpu
-
     def execute(self, requests: list[Any]) -> list[Any]:
         error = ServeError(
             Reason.BAD_INPUTS,
@@ -200,5 +172,3 @@ class OwnerModel(EngineHost):
 
     def finalize(self) -> None:
         self.close_engine(self.owner.stop(SHUTDOWN_DRAIN_S))
-        if self.pinned is not None:
-            self.pinned.release()

@@ -10,6 +10,7 @@ model is not decoupled, so plain HTTP /infer and unary gRPC work); ``finalize`` 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from python_backend.contract import (
     ServeError,
 )
 from python_backend.cost_models import CostModel, LinearCost
+from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin
 from python_backend.decoding import (
     Limits,
     Normalization,
@@ -256,12 +258,46 @@ def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: An
     return Wiring(settings=settings, cost=cost, decoder=decoder, scheduler=scheduler)
 
 
+def socket_dir() -> str:
+    """Where this Triton server's owners bind: private to the user, one folder per server (the
+    stubs' parent is the server), so two servers on one host never share a socket."""
+    base = os.environ.get("PLANNER_SOCKET_DIR") or f"/tmp/triton-planner-{os.getuid()}"
+    return os.path.join(base, str(os.getppid()))
+
+
+def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
+    """A core of its own for this process where the ``pin_cores`` setting asks for one
+    (python_backend.cpu_pinning)."""
+    if not should_pin(setting):
+        return None
+    claim = pin_to_free_core(socket_dir(), owner)
+    pb_utils.Logger.log_info(
+        f"{instance_name}: pinned to core {claim.core}"
+        if claim is not None
+        else f"{instance_name}: every core is claimed by another of this server's model processes: not pinned"
+    )
+    return claim
+
+
 class EngineHost:
     """What a model instance that holds the engine does with it: the one-process model and the
     split layout's queue owner."""
 
     instance_name: str
     engine: Engine
+    pinned: Claim | None = None
+
+    def computes_on_cpu(self, manifest: Manifest) -> bool:
+        """Whether the engine's forwards take the CPU's cores (ONNX Runtime on the CPU): such a
+        process is never pinned to one of them, nor are its engine's threads."""
+        return not manifest.runs_on_gpu
+
+    def pin_engine_host(self, manifest: Manifest, setting: str) -> None:
+        """A core of its own for a process whose engine computes elsewhere (a GPU), where the
+        ``pin_cores`` setting asks. Called after the engine's load, so that the threads it
+        started are pinned too; claimed from the end of the cores, as the owners' are."""
+        pin = "off" if self.computes_on_cpu(manifest) else setting
+        self.pinned = pin_if_asked(pin, self.instance_name, owner=True)
 
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
@@ -285,7 +321,9 @@ class EngineHost:
         )
 
     def close_engine(self, drained: bool) -> None:
-        """After the scheduler stopped (``drained``: its verdict)."""
+        """After the scheduler stopped (``drained``: its verdict); gives its core back."""
+        if self.pinned is not None:
+            self.pinned.release()
         if drained:
             self.engine.close()
         else:  # a forward still runs: closing the engine under it could crash the process
@@ -309,6 +347,7 @@ class TritonPythonModel(EngineHost):
             wiring.decoder,
             wiring.scheduler,
         )
+        self.pin_engine_host(manifest, self.settings.pin_cores)
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: "

@@ -4,6 +4,7 @@ what it queues, how each answer is sent, and what finalize does with a forward s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
@@ -274,3 +275,42 @@ def test_a_declared_shape_past_the_limits_is_refused_before_the_tensor_is_read(
         assert name in response.error.message and message in response.error.message
     finally:
         model.finalize()
+
+
+@pytest.mark.parametrize(
+    ("engine_kind", "setting", "pinned"),
+    [
+        ("tensorrt", "on", True),  # a GPU's engine: the process takes a core of its own
+        ("tensorrt", "off", False),
+        ("onnxruntime", "on", False),  # the engine computes on every core: never pinned
+    ],
+)
+def test_a_gpu_instance_is_pinned_where_asked_and_a_cpu_engine_never(
+    pb, monkeypatch, tmp_path, engine_kind, setting, pinned
+):
+    import dataclasses
+
+    import python_backend.triton_model as triton_model
+    from python_backend.cpu_pinning import Claim
+
+    asked = []
+
+    def pin_to_free_core(directory, owner):
+        asked.append(owner)
+        return Claim(3, os.open(tmp_path / "claim", os.O_CREAT | os.O_RDWR))
+
+    monkeypatch.setattr(triton_model, "pin_to_free_core", pin_to_free_core)
+    engine = FakeChecksumEngine(layout(max_length=64))
+    real_manifest_for = manifest_for
+
+    def gpu_manifest(*args, **kw):
+        return dataclasses.replace(real_manifest_for(*args, **kw), engine_kind=engine_kind)
+
+    monkeypatch.setattr(sys.modules[__name__], "manifest_for", gpu_manifest)
+    model = load_model(pb, monkeypatch, tmp_path, engine, {"pin_cores": setting})
+    assert asked == ([True] if pinned else [])  # claimed from the end, as an owner is
+    assert (model.pinned is not None) == pinned
+    model.finalize()
+    if pinned:
+        with pytest.raises(OSError):  # its claim is given back with the engine
+            os.fstat(model.pinned.fd)
