@@ -1,4 +1,4 @@
-"""A core of its own for each front and queue owner process (the ``pin_cores`` setting).
+"""A core of its own for each front, queue owner and GPU model instance (``pin_cores``).
 
 Why: a one-row request is handed between threads several times on its way through a front
 (Triton's ``execute`` thread, the front's I/O thread, the response sender's round trip to Triton)
@@ -10,11 +10,13 @@ hand-offs stay on that core (docs/ARCHITECTURE.md, the lever table, has the meas
 When: ``on``, or ``auto`` where the server has cores of its own (``has_own_cores``). Which core:
 the ones this process may run on (``os.sched_getaffinity``: a container's cpuset, a
 Kubernetes pod's exclusive cores), one hyperthread of each physical core before the second ones.
-Fronts claim from the start of that order, owners from its end, so fronts and owners meet only
-when there are more processes than cores. A claim is an exclusive ``flock`` on a file per core in
-the server's own socket folder: it ends with the process, so a restarted front or owner claims
-again, and two servers never share claims. Where every core is claimed, the process runs
-unpinned. Triton's own threads are never pinned: they run wherever the kernel puts them.
+Fronts claim from the start of that order, owners (and GPU instances of the one-process model)
+from its end, so they meet only when there are more processes than cores. A claim is an exclusive
+``flock`` on a file per core in the server's own socket folder: it ends with the process, so a
+restarted front or owner claims again. Claims are per server: two servers given the same cores
+would pin onto the same ones, which is why ``auto`` pins only inside a cpuset. Where every core
+is claimed, the process runs unpinned. Triton's own threads are never pinned: they run wherever
+the kernel puts them.
 """
 
 from __future__ import annotations
