@@ -129,11 +129,12 @@ def variant(
 ) -> str:
     """The variant's model name: ``fronts`` > 0 the split layout, else today's model with
     ``-fronts`` instances (each its own queue), or FLOOR; ``pinned``: its processes with the
-    ``pin_cores`` setting on. ``table`` "engine" serves the bench
-    model's own ONNX Runtime engine, any other is the emulated engine's table."""
+    ``pin_cores`` setting on. ``table`` "engine" serves the bench model's own ONNX Runtime
+    engine, any other is the emulated engine's table."""
     pinning = {"pin_cores": "on" if pinned else "off"}
+    suffix = "_pinned" if pinned else ""
     if fronts == FLOOR:
-        name = "python_backend_floor" + ("_pinned" if pinned else "")
+        name = "python_backend_floor" + suffix
         add_model_variant(repository, SOURCE, name, pinning, model_py=FLOOR_MODEL_PY)
         return name
     assert isinstance(fronts, int)
@@ -141,7 +142,7 @@ def variant(
     prefix = "engine" if real else "emulated"
     if fronts <= 0:
         instances = max(1, -fronts)
-        name = f"{prefix}_x{instances}" + ("_pinned" if pinned else "")
+        name = f"{prefix}_x{instances}{suffix}"
         if real:
             config = add_model_variant(repository, SOURCE, name, pinning)
             config.instance_group[0].count = instances
@@ -151,7 +152,7 @@ def variant(
                 repository, SOURCE, name, table, instances=instances, parameters=pinning
             )
     else:
-        name = f"{prefix}_split{fronts}" + ("_pinned" if pinned else "")
+        name = f"{prefix}_split{fronts}{suffix}"
         if real:
             add_split_variant(repository, SOURCE, name, fronts, pinning)
         else:

@@ -274,7 +274,8 @@ def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
     pb_utils.Logger.log_info(
         f"{instance_name}: pinned to core {claim.core}"
         if claim is not None
-        else f"{instance_name}: every core is claimed by another of this server's model processes: not pinned"
+        else f"{instance_name}: every core is claimed by another of this server's model "
+        "processes: not pinned"
     )
     return claim
 
@@ -296,8 +297,8 @@ class EngineHost:
         """A core of its own for a process whose engine computes elsewhere (a GPU), where the
         ``pin_cores`` setting asks. Called after the engine's load, so that the threads it
         started are pinned too; claimed from the end of the cores, as the owners' are."""
-        pin = "off" if self.computes_on_cpu(manifest) else setting
-        self.pinned = pin_if_asked(pin, self.instance_name, owner=True)
+        if not self.computes_on_cpu(manifest):
+            self.pinned = pin_if_asked(setting, self.instance_name, owner=True)
 
     def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
