@@ -1,8 +1,8 @@
 """The simulator's CPU model (bench.sim.cpu), measured, validated and used on this machine.
 
-    python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000]
+    python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000] [--pin-cores both]
     python -m bench.cpu_model measure-owner [--rounds 3]
-    python -m bench.cpu_model measure-floor [--rounds 3] [--pin-cores]
+    python -m bench.cpu_model measure-floor [--rounds 3] [--pin-cores on]
     python -m bench.cpu_model report
 
 ``measure`` serves the bench model over the emulated engine with a zero table (forwards take
@@ -11,19 +11,22 @@ and 64 rows per request (64, 32 and 8 clients: 64, 256 and 512 rows in flight), 
 process and as the split layout with 1 and 2 fronts, variants alternating in an order that flips
 every round; for each point it records the served rows/s and every server process's CPU per
 request from /proc (``bench.fronts.serve_once``), and the rest of the machine's busy CPU (the
-client). It writes them to bench/data/cpu_costs.json.
+client). With ``--pin-cores on`` its processes are pinned to cores of their own (``pin_cores``);
+``both`` alternates every variant pinned and unpinned. It writes them to
+bench/data/cpu_costs.json.
 
 ``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``).
 ``measure-floor`` adds the Python backend's floor (``bench.fronts --floor``) at 1 and 64 rows per
 request: the least any design that answers each request from a Python-backend stub spends;
-with ``--pin-cores``, the floor with its process on a core of its own (``pin_cores``), kept
+with ``--pin-cores on``, the floor with its process on a core of its own (``pin_cores``), kept
 beside the unpinned one.
 
 ``report`` predicts every measured point from that layout's own CPU per request at that size
 and the serial time of one front (one process) measured where it served alone, with this
 machine's cores, and prints predicted beside served (each round's served figure too); then it
 predicts a 16-core node with one GPU (derived A100 and A30 tables, the owner at its cost alone,
-no client on its cores) and writes both to docs/PERFORMANCE.md, with docs/cpu_model.png.
+no client on its cores), unpinned and, where measured, pinned, and writes both to
+docs/PERFORMANCE.md, with docs/cpu_model.png.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import numpy as np
 
 from bench.cost_tables import gpu_table, read_lengths
 from bench.docs import save_figure, write_section
-from bench.errors import reports_errors
+from bench.errors import BenchError, reports_errors
 from bench.paths import LENGTHS, ROOT
 from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, cpu_ceilings, predict
 from builder.cores import default_fronts
@@ -51,22 +54,29 @@ BEGIN, END = "<!-- cpu-model:begin -->", "<!-- cpu-model:end -->"
 ROWS = (1, 8, 64)
 CLIENTS = {1: 64, 8: 32, 64: 8}  # 64, 256 and 512 rows in flight
 LAYOUTS = (0, 1, 2)  # today's one process, then 1 and 2 fronts (bench.fronts.variant)
+# --pin-cores: the variants measured unpinned, pinned (pin_cores), or both side by side
+PINS = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
-def measure(rounds: int, ms: int, repository: Path) -> dict[str, object]:
+def measure(
+    rounds: int, ms: int, repository: Path, pins: tuple[bool, ...] = (False,)
+) -> dict[str, object]:
     from bench.fronts import serve_once
     from bench.harness import build_repository
 
     repository, _ = build_repository(repository, rebuild=False)
     points: list[dict[str, object]] = []
-    order = [(fronts, rows) for rows in ROWS for fronts in LAYOUTS]
+    order = [(fronts, rows, pinned) for rows in ROWS for fronts in LAYOUTS for pinned in pins]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for fronts, rows in order if r % 2 == 0 else order[::-1]:
-                served = serve_once(repository, fronts, CLIENTS[rows], rows, Path(tmp), ms, "zero")
+            for fronts, rows, pinned in order if r % 2 == 0 else order[::-1]:
+                served = serve_once(
+                    repository, fronts, CLIENTS[rows], rows, Path(tmp), ms, "zero", pinned=pinned
+                )
                 point = {
                     "round": r + 1,
                     "fronts": fronts,
+                    "pinned": pinned,
                     "rows": rows,
                     "clients": CLIENTS[rows],
                     "rows_per_s": served.rows_per_s,
@@ -126,32 +136,46 @@ def measure_floor(
     }
 
 
-def runs_of(points: list[dict], fronts: int, rows: int) -> list[dict]:
-    """The measured runs of one layout at one size, every round."""
-    return [p for p in points if p["fronts"] == fronts and p["rows"] == rows]
+def runs_of(points: list[dict], fronts: int, rows: int, pinned: bool = False) -> list[dict]:
+    """The measured runs of one layout at one size, pinned or not, every round (points measured
+    before pinning existed were unpinned)."""
+    return [
+        p
+        for p in points
+        if p["fronts"] == fronts and p["rows"] == rows and p.get("pinned", False) == pinned
+    ]
 
 
-def costs_of(points: list[dict], fronts: int, rows: int) -> CpuCosts:
+def pins_of(points: list[dict]) -> list[bool]:
+    """Whether unpinned runs, pinned runs or both were measured, unpinned first."""
+    return sorted({bool(p.get("pinned", False)) for p in points})
+
+
+def costs_of(points: list[dict], fronts: int, rows: int, pinned: bool = False) -> CpuCosts:
     """One layout's mean CPU per request by role (the client's too: it shares these cores), at
     ``rows`` rows per request; the serial time of one front (one process) from the runs where
     one front (one process) served alone: 1 / its requests/s."""
-    mine = runs_of(points, fronts, rows)
+    mine = runs_of(points, fronts, rows, pinned)
     roles = {role for p in mine for role in p["cpu_us_per_request"]}
     us = {role: float(np.mean([p["cpu_us_per_request"][role] for p in mine])) for role in roles}
     us["client"] = float(np.mean([p["client_us_per_request"] for p in mine]))
-    alone = runs_of(points, min(fronts, 1), rows)
+    alone = runs_of(points, min(fronts, 1), rows, pinned)
     requests_per_s = float(np.mean([p["rows_per_s"] / rows for p in alone]))
     # the scheduler's CPU, in series with the forwards: the owner's; today's model does the same
     # work inside its one process, where it is not measured apart: the 1-front owner's
     owner = us.get("owner")
     if owner is None:
-        split = runs_of(points, 1, rows)
+        split = runs_of(points, 1, rows, pinned)
         owner = float(np.mean([p["cpu_us_per_request"]["owner"] for p in split])) if split else 0.0
     return CpuCosts(us, 1e6 / requests_per_s, owner)
 
 
 def layout_of(fronts: int) -> Layout:
     return Layout(fronts=fronts) if fronts > 0 else Layout(instances=1)
+
+
+def pinned_label(label: str, pinned: bool) -> str:
+    return f"{label}, pinned" if pinned else label
 
 
 def validation(data: dict) -> str:
@@ -165,52 +189,56 @@ def validation(data: dict) -> str:
         "a front (or of the one process) is measured where one front (one process) serves "
         "alone, so those rows meet their own serial time by construction (marked *): the rows "
         "of 2 fronts are the test. For 2 fronts the prediction from the 1-front costs is shown "
-        "too.",
+        "too."
+        + (
+            " Rows marked pinned had their processes on cores of their own (`pin_cores`), "
+            "measured alternating with the unpinned ones; with 2 fronts, two fronts and the "
+            "owner are three processes on this machine's two cores, so one of them ran unpinned."
+            if True in pins_of(points)
+            else ""
+        ),
         "",
         "| layout | rows per request | clients | served rows/s (each round) | served, mean | predicted rows/s | predicted / served | bound | from the 1-front costs |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for fronts in LAYOUTS:
-        for rows in ROWS:
-            mine = runs_of(points, fronts, rows)
-            if not mine:
-                continue
-            served = float(np.mean([p["rows_per_s"] for p in mine]))
-            guess = predict(
-                [],
-                None,
-                costs_of(points, fronts, rows),
-                cores,
-                rows,
-                layout_of(fronts),
-            )
-            mark = " *" if fronts <= 1 and guess.bound in ("fronts", "instances") else ""
-            other = ""
-            if fronts > 1:
-                cross = predict(
-                    [],
-                    None,
-                    costs_of(points, 1, rows),
-                    cores,
-                    rows,
-                    layout_of(fronts),
+    for pinned in pins_of(points):
+        for fronts in LAYOUTS:
+            for rows in ROWS:
+                mine = runs_of(points, fronts, rows, pinned)
+                if not mine:
+                    continue
+                served = float(np.mean([p["rows_per_s"] for p in mine]))
+                layout = layout_of(fronts)
+                guess = predict(
+                    [], None, costs_of(points, fronts, rows, pinned), cores, rows, layout
                 )
-                other = f"{cross.rows_per_s:.0f} ({cross.rows_per_s / served:.2f}, {cross.bound})"
-            each = ", ".join(f"{p['rows_per_s']:.0f}" for p in mine)
-            lines.append(
-                f"| {layout_of(fronts).label()} | {rows} | {CLIENTS[rows]} | {each} | {served:.0f} | "
-                f"{guess.rows_per_s:.0f}{mark} | {guess.rows_per_s / served:.2f} | {guess.bound} "
-                f"| {other} |"
-            )
+                mark = " *" if fronts <= 1 and guess.bound in ("fronts", "instances") else ""
+                other = ""
+                if fronts > 1:
+                    cross = predict(
+                        [], None, costs_of(points, 1, rows, pinned), cores, rows, layout
+                    )
+                    other = (
+                        f"{cross.rows_per_s:.0f} ({cross.rows_per_s / served:.2f}, {cross.bound})"
+                    )
+                each = ", ".join(f"{p['rows_per_s']:.0f}" for p in mine)
+                lines.append(
+                    f"| {pinned_label(layout.label(), pinned)} | {rows} | {CLIENTS[rows]} | {each} "
+                    f"| {served:.0f} | {guess.rows_per_s:.0f}{mark} | "
+                    f"{guess.rows_per_s / served:.2f} | {guess.bound} | {other} |"
+                )
     return "\n".join(lines)
 
 
-def node_costs(data: dict, layout: Layout, rows: int, owner_alone: bool = True) -> CpuCosts:
+def node_costs(
+    data: dict, layout: Layout, rows: int, owner_alone: bool = True, pinned: bool = False
+) -> CpuCosts:
     """A served node's costs: no client on its cores; K > 2 fronts cost as 2 did (extrapolated);
     the owner (and the scheduler's work in series with the forwards) at its cost alone on a core
-    of its own (``measure-owner``), or as served on this machine's shared cores."""
+    of its own (``measure-owner``, pinned there either way), or as served on this machine's
+    shared cores; ``pinned``: the costs measured with the processes pinned."""
     fronts = min(layout.fronts, 2) if layout.fronts else 0
-    costs = costs_of(data["points"], fronts, rows).without_client()
+    costs = costs_of(data["points"], fronts, rows, pinned).without_client()
     alone = data.get("owner_alone_us", {}).get(str(rows))
     if not owner_alone or alone is None:
         return costs
@@ -225,6 +253,13 @@ def node_predictions(
     lengths: list[int], data: dict, cores: int
 ) -> tuple[str, list[dict[str, object]]]:
     fronts_counts = (1, 2, 4, 6, 8, 10, 12, 16)
+    pins = pins_of(data["points"])
+    if False not in pins:
+        raise BenchError(
+            "the report predicts from unpinned costs first: run `measure --pin-cores off` "
+            "(or `both`)"
+        )
+    pinned_too = True in pins
     plotted: list[dict[str, object]] = []
     lines = []
     for gpu in ("a100", "a30"):
@@ -233,44 +268,68 @@ def node_predictions(
             f"**{gpu.upper()}, {cores} cores, one GPU** (forward times derived from NVIDIA's "
             "published TensorRT BERT latencies scaled to MiniLM, not measured on a GPU; CPU "
             "costs measured here, the owner's alone on a core of its own; costs of more than 2 "
-            "fronts extrapolated from 2; no client on these cores):",
+            "fronts extrapolated from 2; no client on these cores"
+            + (
+                "; pinned: the same from the costs measured pinned (`pin_cores`)"
+                if pinned_too
+                else ""
+            )
+            + "):",
             "",
-            "| layout | one-row requests: rows/s | bound | rows per forward | 64-row requests: rows/s | bound |",
-            "|---|---|---|---|---|---|",
+            "| layout | one-row requests: rows/s | bound | rows per forward | 64-row requests: rows/s | bound |"
+            + (
+                " pinned: one-row rows/s (bound) | pinned: 64-row rows/s (bound) |"
+                if pinned_too
+                else ""
+            ),
+            "|---|---|---|---|---|---|" + ("---|---|" if pinned_too else ""),
         ]
         layouts = [Layout(fronts=k) for k in fronts_counts] + [
             Layout(instances=n) for n in (1, 2, 4, 8)
         ]
         for layout in layouts:
-            one, many = (
-                predict(lengths, table, node_costs(data, layout, r), cores, r, layout)
-                for r in NODE_ROWS
-            )
-            plotted.append(
-                {
-                    "gpu": gpu,
-                    "layout": layout.label(),
-                    "fronts": layout.fronts,
-                    "instances": 0 if layout.fronts else layout.instances,
-                    "one_row": one.rows_per_s,
-                    "many_rows": many.rows_per_s,
-                }
-            )
-            lines.append(
-                f"| {layout.label()} | {one.rows_per_s:,.0f} | {one.bound} | "
-                f"{one.rows_per_forward:.1f} | {many.rows_per_s:,.0f} | {many.bound} |"
-            )
+            point: dict[str, object] = {
+                "gpu": gpu,
+                "layout": layout.label(),
+                "fronts": layout.fronts,
+                "instances": 0 if layout.fronts else layout.instances,
+            }
+            row = f"| {layout.label()} |"
+            for pinned in pins:
+                one, many = (
+                    predict(
+                        lengths, table, node_costs(data, layout, r, pinned=pinned), cores, r, layout
+                    )
+                    for r in NODE_ROWS
+                )
+                suffix = "_pinned" if pinned else ""
+                point |= {f"one_row{suffix}": one.rows_per_s, f"many_rows{suffix}": many.rows_per_s}
+                row += (
+                    f" {one.rows_per_s:,.0f} ({one.bound}) | {many.rows_per_s:,.0f} ({many.bound}) |"
+                    if pinned
+                    else f" {one.rows_per_s:,.0f} | {one.bound} | {one.rows_per_forward:.1f} | "
+                    f"{many.rows_per_s:,.0f} | {many.bound} |"
+                )
+            plotted.append(point)
+            lines.append(row)
         triton_us = node_costs(data, Layout(fronts=2), 1).of("triton")
         peer = CpuCosts({"triton": triton_us}, 0.0)
         allowed = min(cores / (triton_us * 1e-6), peer.triton_ceiling_per_s)
         engine = predict(lengths, table, CpuCosts({}, 0.0), cores, 64, Layout(peer=True))
         best = default_fronts(True, cores, (0,), 1)
         chosen = Layout(fronts=best)
+
+        def peer_of(pinned: bool) -> CpuCosts:
+            triton = node_costs(data, Layout(fronts=2), 1, pinned=pinned).of("triton")
+            return CpuCosts({"triton": triton}, 0.0)
+
         compared = {
-            (name, rows): predict(
+            (name, rows, pinned): predict(
                 lengths,
                 table,
-                peer if name == "peer" else node_costs(data, chosen, rows),
+                peer_of(pinned)
+                if name == "peer"
+                else node_costs(data, chosen, rows, pinned=pinned),
                 cores,
                 rows,
                 Layout(peer=True) if name == "peer" else chosen,
@@ -278,6 +337,7 @@ def node_predictions(
             )
             for name in ("dp", "per_bucket", "peer")
             for rows in NODE_ROWS
+            for pinned in pins
         }
         contended = [
             predict(
@@ -285,7 +345,11 @@ def node_predictions(
             )
             for r in NODE_ROWS
         ]
-        ours = max(float(p["one_row"]) for p in plotted if p["gpu"] == gpu and "one_row" in p)  # type: ignore[arg-type]
+        mine = [p for p in plotted if p["gpu"] == gpu]
+        ours = {
+            pinned: max(float(p[f"one_row{'_pinned' if pinned else ''}"]) for p in mine)  # type: ignore[arg-type]
+            for pinned in pins
+        }
         plotted.append(
             {
                 "gpu": gpu,
@@ -294,12 +358,15 @@ def node_predictions(
                 "triton_allows": allowed,
             }
         )
+        pinned_best = (
+            f"; pinned, {ours[True]:,.0f} rows/s, {ours[True] / allowed:.0%}" if pinned_too else ""
+        )
         lines += [
             "",
             f"- Triton's own cost ({triton_us:.0f} us a one-row request, measured here) and "
             f"ceiling ({TRITON_CEILING_PER_S:,.0f}/s, server#7590) allow {allowed:,.0f} one-row "
-            f"requests/s on {cores} cores; the best layout above serves {ours:,.0f} rows/s, "
-            f"{ours / allowed:.0%} of that.",
+            f"requests/s on {cores} cores; the best layout above serves {ours[False]:,.0f} rows/s, "
+            f"{ours[False] / allowed:.0%} of that{pinned_best}.",
             *floor_bound(data, cores, allowed, ours),
             f"- The engine alone (no CPU cost at all) serves {engine.rows_per_s:,.0f} rows/s in "
             "64-row requests.",
@@ -307,42 +374,55 @@ def node_predictions(
             f"on its own ({node_costs(data, chosen, 1, owner_alone=False).of('owner'):.0f} against "
             f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), the default "
             f"{best} fronts serve {contended[0].rows_per_s:,.0f} and {contended[1].rows_per_s:,.0f}"
-            " rows/s: the owner's own core is what the split needs most.",
+            " rows/s (unpinned): the owner's own core is what the split needs most.",
             "",
             f"The planner and the peer at the same loads, the default {best} fronts (the peer: "
             "Triton's dynamic batcher in front of its C++ TensorRT backend, whose only CPU is "
             "Triton's, its clients sending token ids: modelled with Triton's cost measured here, "
-            "not measured itself):",
+            "not measured itself"
+            + (
+                "; pinned: every process's costs measured pinned, Triton's too"
+                if pinned_too
+                else ""
+            )
+            + "):",
             "",
             "| requests | DP rows/s (rows a forward) | per-bucket rows/s (rows a forward) | DP / per-bucket | peer rows/s (rows a forward) | DP / peer |",
             "|---|---|---|---|---|---|",
         ]
         for rows in NODE_ROWS:
-            dp, pb, pr = (compared[(n, rows)] for n in ("dp", "per_bucket", "peer"))
-            lines.append(
-                f"| {rows} row{'s' if rows > 1 else ''} | {dp.rows_per_s:,.0f} "
-                f"({dp.rows_per_forward:.1f}) | {pb.rows_per_s:,.0f} ({pb.rows_per_forward:.1f}) | "
-                f"{dp.rows_per_s / pb.rows_per_s:.2f} | {pr.rows_per_s:,.0f} "
-                f"({pr.rows_per_forward:.1f}, {pr.bound}) | {dp.rows_per_s / pr.rows_per_s:.2f} |"
-            )
+            for pinned in pins:
+                dp, pb, pr = (compared[(n, rows, pinned)] for n in ("dp", "per_bucket", "peer"))
+                what = pinned_label(f"{rows} row{'s' if rows > 1 else ''}", pinned)
+                lines.append(
+                    f"| {what} | {dp.rows_per_s:,.0f} "
+                    f"({dp.rows_per_forward:.1f}) | {pb.rows_per_s:,.0f} ({pb.rows_per_forward:.1f}) | "
+                    f"{dp.rows_per_s / pb.rows_per_s:.2f} | {pr.rows_per_s:,.0f} "
+                    f"({pr.rows_per_forward:.1f}, {pr.bound}) | {dp.rows_per_s / pr.rows_per_s:.2f} |"
+                )
         lines.append("")
     return "\n".join(lines), plotted
 
 
-# the floor's measurements in cpu_costs.json: unpinned, and pinned to a core (pin_cores)
-FLOOR_KEYS = {"floor_us": "", "floor_pinned_us": ", its process pinned to a core (`pin_cores`)"}
+# the floor's measurements in cpu_costs.json: unpinned, and pinned to a core (pin_cores); what
+# the bullet adds to say so, and whether the layouts it is compared with are the pinned ones
+FLOOR_KEYS = {
+    "floor_us": ("", False),
+    "floor_pinned_us": (", its process pinned to a core (`pin_cores`)", True),
+}
 
 
-def floor_bound(data: dict, cores: int, allowed: float, ours: float) -> list[str]:
+def floor_bound(data: dict, cores: int, allowed: float, ours: dict[bool, float]) -> list[str]:
     """A bullet on what the Python backend's floor allows on ``cores`` cores for each way it was
-    measured (none before ``measure-floor`` has run)."""
+    measured (none before ``measure-floor`` has run), beside ``ours``: the best layout's one-row
+    rows/s, unpinned (False) and, where predicted, pinned (True)."""
 
     def bound(us: dict[str, float]) -> float:
         """Requests/s the floor's CPU allows: the cores it takes, or Triton's own ceiling."""
         return min(cpu_ceilings(CpuCosts(us, 0.0), cores, Layout(instances=1)).values())
 
     lines = []
-    for key, how in FLOOR_KEYS.items():
+    for key, (how, pinned) in FLOOR_KEYS.items():
         measured = data.get(key, {})
         floor = measured.get("1")
         if not floor:
@@ -353,14 +433,20 @@ def floor_bound(data: dict, cores: int, allowed: float, ours: float) -> list[str
             if "64" in measured
             else ""
         )
+        best = ours.get(pinned)
+        compared = (
+            f"the best {'pinned ' if pinned else ''}layout above serves {best / one:.0%} of that "
+            "bound"
+            if best is not None
+            else f"the best layout above, unpinned, serves {ours[False] / one:.0%} of that bound"
+        )
         lines.append(
             f"- The Python backend's own floor (`measure-floor`: a bench-only model that tokenizes "
             f"each request and answers zeros from a thread, no queue, owner or planner{how}) costs "
             f"{sum(floor.values()):.0f} us a one-row request here (Triton {floor['triton']:.0f}, "
             f"its stub {floor['model']:.0f}): {cores} cores carry at most {one:,.0f} one-row "
             f"requests/s of any design that answers each request from a Python-backend stub"
-            f"{many}, {one / allowed:.0%} of what Triton's own cost allows; the best layout above "
-            f"serves {ours / one:.0%} of that bound."
+            f"{many}, {one / allowed:.0%} of what Triton's own cost allows; {compared}."
         )
     return lines
 
@@ -380,14 +466,17 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
     ):
         for gpu, style in (("a100", "-"), ("a30", "--")):
             mine = [p for p in plotted if p["gpu"] == gpu]
-            for by, marker, color, what in (
-                ("fronts", "o", None, "K fronts, one owner"),
-                ("instances", "s", "gray", "today's N instances, each its own queue"),
+            for by, suffix, marker, color, what in (
+                ("fronts", "", "o", None, "K fronts, one owner"),
+                ("fronts", "_pinned", "^", None, "K fronts, one owner, pinned"),
+                ("instances", "", "s", "gray", "today's N instances, each its own queue"),
             ):
-                series = [p for p in mine if p.get(by)]
+                series = [p for p in mine if p.get(by) and f"{key}{suffix}" in p]
+                if not series:
+                    continue
                 ax.plot(
                     [p[by] for p in series],
-                    [p[key] for p in series],
+                    [p[f"{key}{suffix}"] for p in series],
                     style,
                     marker=marker,
                     color=color,
@@ -420,23 +509,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repository")
     parser.add_argument(
         "--pin-cores",
-        action="store_true",
-        help="measure-floor: the floor's process pinned to a core (pin_cores), kept beside the "
-        "unpinned floor",
+        choices=tuple(PINS),
+        default="off",
+        help="measure: the variants unpinned, pinned to cores of their own (pin_cores), or both "
+        "alternating; measure-floor: the floor pinned (on) or not, each kept beside the other",
     )
     args = parser.parse_args(argv)
     if args.what == "measure":
-        data = measure(args.rounds, args.measurement_ms, args.repository)
+        # the owner's and the floor's measurements, kept
+        kept = json.loads(COSTS_FILE.read_text()) if COSTS_FILE.exists() else {}
+        data = kept | measure(
+            args.rounds, args.measurement_ms, args.repository, PINS[args.pin_cores]
+        )
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     data = json.loads(COSTS_FILE.read_text())
     if args.what == "measure-owner":
         data["owner_alone_us"] = measure_owner_alone(args.rounds, args.measurement_ms / 1000)
     if args.what == "measure-floor":
-        key = "floor_pinned_us" if args.pin_cores else "floor_us"
-        data[key] = measure_floor(
-            args.rounds, args.measurement_ms, args.repository, pinned=args.pin_cores
-        )
+        for pinned in PINS[args.pin_cores]:
+            key = "floor_pinned_us" if pinned else "floor_us"
+            data[key] = measure_floor(args.rounds, args.measurement_ms, args.repository, pinned)
     if args.what in ("measure-owner", "measure-floor"):
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
@@ -445,10 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     plot(plotted)
     text = (
         "## The server's CPU, modelled\n\n"
-        "    python -m bench.cpu_model measure --rounds 3   # writes bench/data/cpu_costs.json\n"
+        "    python -m bench.cpu_model measure --pin-cores both  # bench/data/cpu_costs.json\n"
         "    python -m bench.cpu_model measure-owner         # the owner alone on a core\n"
-        "    python -m bench.cpu_model measure-floor         # the Python backend's floor\n"
-        "    python -m bench.cpu_model measure-floor --pin-cores  # the same, pinned to a core\n"
+        "    python -m bench.cpu_model measure-floor --pin-cores both  # the Python backend's floor\n"
         "    python -m bench.cpu_model report               # this section, docs/cpu_model.png\n\n"
         "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
         "fronts, the queue owner (its transport included) and, here, the client; each front "

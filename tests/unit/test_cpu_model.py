@@ -55,21 +55,52 @@ def test_the_python_backends_floor_bounds_any_design_by_the_cores_it_takes():
     from bench.cpu_model import floor_bound
 
     data = {"floor_us": {"1": {"triton": 250.0, "model": 300.0}}}
-    (line,) = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    (line,) = floor_bound(data, cores=16, allowed=50_000.0, ours={False: 17_000.0})
     bound = 16 / 550e-6  # the cores, spent at 550 us a request: well under Triton's ceiling
     assert f"at most {bound:,.0f} one-row requests/s" in line
     assert f"{bound / 50_000:.0%} of what Triton's own cost allows" in line
     assert f"serves {17_000 / bound:.0%} of that bound" in line
     # on many cores Triton's own ceiling bounds the floor too
-    (wide,) = floor_bound(data, cores=1024, allowed=55_000.0, ours=17_000.0)
+    (wide,) = floor_bound(data, cores=1024, allowed=55_000.0, ours={False: 17_000.0})
     assert "at most 55,000 one-row" in wide
-    assert floor_bound({}, cores=16, allowed=50_000.0, ours=17_000.0) == []
+    assert floor_bound({}, cores=16, allowed=50_000.0, ours={False: 17_000.0}) == []
     # with 64-row requests measured too: their rows/s beside
     data["floor_us"]["64"] = {"triton": 500.0, "model": 7500.0}
-    (both,) = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    (both,) = floor_bound(data, cores=16, allowed=50_000.0, ours={False: 17_000.0})
     assert f"in 64-row requests, {64 * 16 / 8000e-6:,.0f} rows/s" in both
     # the pinned floor, where measured, in a bullet of its own after the unpinned one
     data["floor_pinned_us"] = {"1": {"triton": 200.0, "model": 200.0}}
-    unpinned, pinned = floor_bound(data, cores=16, allowed=50_000.0, ours=17_000.0)
+    unpinned, pinned = floor_bound(data, cores=16, allowed=50_000.0, ours={False: 17_000.0})
     assert unpinned == both and "pinned to a core" in pinned and "pinned" not in unpinned
     assert f"at most {16 / 400e-6:,.0f} one-row requests/s" in pinned
+    # compared with the unpinned layouts until pinned ones are predicted, then with those
+    assert f"above, unpinned, serves {17_000 / (16 / 400e-6):.0%}" in pinned
+    _, pinned = floor_bound(data, 16, 50_000.0, ours={False: 17_000.0, True: 20_000.0})
+    assert f"best pinned layout above serves {20_000 / (16 / 400e-6):.0%}" in pinned
+
+
+def point(fronts: int, pinned: bool, rows_per_s: float, front_us: float) -> dict:
+    return {
+        "round": 1,
+        "fronts": fronts,
+        "pinned": pinned,
+        "rows": 1,
+        "clients": 64,
+        "rows_per_s": rows_per_s,
+        "cpu_us_per_request": {"triton": 300.0, "front": front_us, "owner": 100.0},
+        "client_us_per_request": 200.0,
+    }
+
+
+def test_pinned_runs_make_costs_of_their_own():
+    from bench.cpu_model import costs_of, pins_of, runs_of
+
+    # points measured before pinning existed carry no "pinned": they were unpinned
+    old = point(1, False, 1000.0, 700.0)
+    del old["pinned"]
+    points = [old, point(1, True, 1250.0, 500.0)]
+    assert pins_of(points) == [False, True] and pins_of([old]) == [False]
+    assert runs_of(points, 1, 1) == [old]
+    unpinned, pinned = (costs_of(points, 1, 1, p) for p in (False, True))
+    assert unpinned.of("front") == 700.0 and unpinned.serial_us == pytest.approx(1000.0)
+    assert pinned.of("front") == 500.0 and pinned.serial_us == pytest.approx(800.0)
