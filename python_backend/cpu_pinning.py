@@ -17,6 +17,11 @@ restarted front or owner claims again. Claims are per server: two servers given 
 would pin onto the same ones, which is why ``auto`` pins only inside a cpuset. Where every core
 is claimed, the process runs unpinned. Triton's own threads are never pinned: they run wherever
 the kernel puts them.
+
+One pool of a pinned process floats: the tokenizer's workers (``with_every_core``). A request of
+many rows is tokenized by them in parallel; pinned beside the rest of the process they would take
+turns on its one core. A one-row request never reaches them (the tokenizer encodes a single text
+on the calling thread), so the hand-offs that pinning keeps on one core stay there.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # the pin_cores setting's values: always, never, or where this server has cores of its own
@@ -48,6 +53,8 @@ def should_pin(setting: str) -> bool:
 class Claim:
     core: int
     fd: int  # holds the claim's lock for as long as it is open
+    # the cores this process could run on before the claim pinned it
+    every_core: frozenset[int] = frozenset()
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
@@ -102,7 +109,24 @@ def pin_to_free_core(directory: str, owner: bool) -> Claim | None:
     """Claims a core for this process and pins every thread of it there: fronts from the start of
     ``core_order``, owners (``owner``) from its end. None (and nothing pinned) where every core
     this process may use is claimed already."""
-    claim = claim_core(directory, core_order(os.sched_getaffinity(0)), from_end=owner)
-    if claim is not None:
-        pin_process(claim.core)
-    return claim
+    every_core = os.sched_getaffinity(0)
+    claim = claim_core(directory, core_order(every_core), from_end=owner)
+    if claim is None:
+        return None
+    pin_process(claim.core)
+    return replace(claim, every_core=frozenset(every_core))
+
+
+def with_every_core(claim: Claim | None, start: Callable[[], object]) -> None:
+    """Runs ``start`` with the calling thread back on every core this process could use before
+    ``claim`` pinned it, then pinned again: the threads ``start`` starts (a library's worker pool,
+    which a thread started later would otherwise inherit pinned) keep those cores. Just ``start``
+    where nothing is pinned."""
+    if claim is None or not claim.every_core:
+        start()
+        return
+    os.sched_setaffinity(0, claim.every_core)
+    try:
+        start()
+    finally:
+        os.sched_setaffinity(0, {claim.core})

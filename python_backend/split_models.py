@@ -29,6 +29,7 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
+from python_backend.cpu_pinning import with_every_core
 from python_backend.engines.base import BucketLayout
 from python_backend.manifest import load_manifest
 from python_backend.metrics import TritonMetrics
@@ -76,6 +77,7 @@ class FrontModel:
         self.output_name = manifest.output_name
         longest = BucketLayout.from_manifest(manifest).longest_row
         self.decoder = request_decoder(instance, manifest, settings, longest)
+        with_every_core(self.pinned, self.decoder.tokenizer.start_workers)
         self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
         owner = _parameter(instance.parameters, OWNER_PARAMETER)
         endpoint = owner_endpoint(socket_dir(), owner, instance.device_id)

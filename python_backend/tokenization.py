@@ -45,6 +45,12 @@ class TextTokenizer:
         self._whole.no_padding()
         self._whole.no_truncation()
 
+    def start_workers(self) -> None:
+        """Starts the tokenizer's worker pool (one per process, started by its first batch of
+        more than one text; ``cpu_pinning.with_every_core`` says why a pinned process starts it
+        on purpose)."""
+        self._truncating["right"].encode_batch(["", ""])
+
     def encode(
         self, texts: list[str], truncate: bool, side: str = "right", prompt_chars: int = 0
     ) -> list[np.ndarray]:

