@@ -46,9 +46,9 @@ class TextTokenizer:
         self._whole.no_truncation()
 
     def start_workers(self) -> None:
-        """Starts the tokenizer's worker pool (one per process, started by its first batch of
-        more than one text; ``cpu_pinning.with_every_core`` says why a pinned process starts it
-        on purpose)."""
+        """Starts the tokenizer's worker pool (one per process, started by its first batch,
+        which spreads over it where it holds more than one text; ``cpu_pinning.with_every_core``
+        says why a pinned process starts it on purpose)."""
         self._truncating["right"].encode_batch(["", ""])
 
     def encode(
