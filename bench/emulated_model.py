@@ -50,6 +50,7 @@ class PythonBackendFloorModel:
 
         import triton_python_backend_utils as pb_utils
 
+        from python_backend.cpu_pinning import with_every_core
         from python_backend.engines.base import BucketLayout
         from python_backend.manifest import load_manifest
         from python_backend.settings import settings_from_parameters
@@ -64,6 +65,7 @@ class PythonBackendFloorModel:
         manifest = load_manifest(instance.version_dir)
         longest = BucketLayout.from_manifest(manifest).longest_row  # as the fronts truncate
         self.tokenizer = TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest)
+        with_every_core(self.pinned, self.tokenizer.start_workers)  # as a front's workers float
         self.output_name, self.width = manifest.output_name, manifest.output_dim
         self.answers: queue.SimpleQueue[tuple[Any, list[Any]]] = queue.SimpleQueue()
         threading.Thread(target=self._answer, name="floor-answers", daemon=True).start()
