@@ -178,6 +178,11 @@ def pinned_label(label: str, pinned: bool) -> str:
     return f"{label}, pinned" if pinned else label
 
 
+def pinned_key(key: str, pinned: bool) -> str:
+    """A predicted point's key for the runs pinned or not (``one_row``, ``one_row_pinned``)."""
+    return f"{key}_pinned" if pinned else key
+
+
 def validation(data: dict) -> str:
     points = data["points"]
     cores = float(data["cores"])
@@ -302,8 +307,10 @@ def node_predictions(
                     )
                     for r in NODE_ROWS
                 )
-                suffix = "_pinned" if pinned else ""
-                point |= {f"one_row{suffix}": one.rows_per_s, f"many_rows{suffix}": many.rows_per_s}
+                point |= {
+                    pinned_key("one_row", pinned): one.rows_per_s,
+                    pinned_key("many_rows", pinned): many.rows_per_s,
+                }
                 row += (
                     f" {one.rows_per_s:,.0f} ({one.bound}) | {many.rows_per_s:,.0f} ({many.bound}) |"
                     if pinned
@@ -312,16 +319,18 @@ def node_predictions(
                 )
             plotted.append(point)
             lines.append(row)
-        triton_us = node_costs(data, Layout(fronts=2), 1).of("triton")
-        peer = CpuCosts({"triton": triton_us}, 0.0)
+
+        def peer_of(pinned: bool) -> CpuCosts:
+            """The peer's CPU: Triton's cost per one-row request alone, as measured here."""
+            triton = node_costs(data, Layout(fronts=2), 1, pinned=pinned).of("triton")
+            return CpuCosts({"triton": triton}, 0.0)
+
+        peer = peer_of(False)
+        triton_us = peer.of("triton")
         allowed = min(cores / (triton_us * 1e-6), peer.triton_ceiling_per_s)
         engine = predict(lengths, table, CpuCosts({}, 0.0), cores, 64, Layout(peer=True))
         best = default_fronts(True, cores, (0,), 1)
         chosen = Layout(fronts=best)
-
-        def peer_of(pinned: bool) -> CpuCosts:
-            triton = node_costs(data, Layout(fronts=2), 1, pinned=pinned).of("triton")
-            return CpuCosts({"triton": triton}, 0.0)
 
         compared = {
             (name, rows, pinned): predict(
@@ -347,7 +356,7 @@ def node_predictions(
         ]
         mine = [p for p in plotted if p["gpu"] == gpu]
         ours = {
-            pinned: max(float(p[f"one_row{'_pinned' if pinned else ''}"]) for p in mine)  # type: ignore[arg-type]
+            pinned: max(float(p[pinned_key("one_row", pinned)]) for p in mine)  # type: ignore[arg-type]
             for pinned in pins
         }
         plotted.append(
@@ -466,17 +475,17 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
     ):
         for gpu, style in (("a100", "-"), ("a30", "--")):
             mine = [p for p in plotted if p["gpu"] == gpu]
-            for by, suffix, marker, color, what in (
-                ("fronts", "", "o", None, "K fronts, one owner"),
-                ("fronts", "_pinned", "^", None, "K fronts, one owner, pinned"),
-                ("instances", "", "s", "gray", "today's N instances, each its own queue"),
+            for by, pinned, marker, color, what in (
+                ("fronts", False, "o", None, "K fronts, one owner"),
+                ("fronts", True, "^", None, "K fronts, one owner, pinned"),
+                ("instances", False, "s", "gray", "today's N instances, each its own queue"),
             ):
-                series = [p for p in mine if p.get(by) and f"{key}{suffix}" in p]
+                series = [p for p in mine if p.get(by) and pinned_key(key, pinned) in p]
                 if not series:
                     continue
                 ax.plot(
                     [p[by] for p in series],
-                    [p[f"{key}{suffix}"] for p in series],
+                    [p[pinned_key(key, pinned)] for p in series],
                     style,
                     marker=marker,
                     color=color,
