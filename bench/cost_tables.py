@@ -217,6 +217,23 @@ def linear_table(
     return CostTable(name, "synthetic", seconds, fixed_tokens, layout or tensorrt_layout())
 
 
+def slowed_table(table: CostTable, extra_s: float) -> CostTable:
+    """The same table with ``extra_s`` more on every forward (what an emulated engine's wait
+    takes beyond the table's time)."""
+
+    def seconds(rows: int, length: int) -> float:
+        return table.seconds(rows, length) + extra_s
+
+    return CostTable(
+        table.name,
+        f"{table.source}, +{extra_s * 1e6:.0f} us a forward",
+        seconds,
+        table.fixed_tokens,
+        table.layout,
+        table.version_dir,
+    )
+
+
 def scaled_table(table: CostTable, factor: float) -> CostTable:
     """The same table with every forward ``factor`` times as long."""
 

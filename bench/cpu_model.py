@@ -15,7 +15,10 @@ client). With ``--pin-cores on`` its processes are pinned to cores of their own 
 ``both`` alternates every variant pinned and unpinned. It writes them to
 bench/data/cpu_costs.json.
 
-``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``).
+``measure-owner`` adds the owner's CPU per request with a core of its own (``bench.owner_alone``),
+all of it and its scheduler thread's; and, alternating with those runs, the owner over an engine
+whose forwards wait a GPU table's time: what it serves, to check which of the two runs in series
+with the forwards.
 ``measure-floor`` adds the Python backend's floor (``bench.fronts --floor``) at 1 and 64 rows per
 request: the least any design that answers each request from a Python-backend stub spends;
 with ``--pin-cores on``, the floor with its process on a core of its own (``pin_cores``), kept
@@ -36,12 +39,13 @@ import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.cost_tables import gpu_table, read_lengths
+from bench.cost_tables import cost_table, gpu_table, read_lengths, slowed_table
 from bench.docs import save_figure, write_section
 from bench.errors import BenchError, reports_errors
 from bench.paths import LENGTHS, ROOT
@@ -53,6 +57,10 @@ PLOT = ROOT / "docs" / "cpu_model.png"
 BEGIN, END = "<!-- cpu-model:begin -->", "<!-- cpu-model:end -->"
 ROWS = (1, 8, 64)
 CLIENTS = {1: 64, 8: 32, 64: 8}  # 64, 256 and 512 rows in flight
+NODE_ROWS = (1, 64)  # rows per request: one-row clients, and 64-row requests
+# closed-loop clients on a node, by rows per request: the issue's 256 one-row clients, and 16
+# clients of 64-row requests (1,024 rows in flight)
+NODE_CLIENTS = {1: 256, 64: 16}
 LAYOUTS = (0, 1, 2)  # today's one process, then 1 and 2 fronts (bench.fronts.variant)
 # --pin-cores: the variants measured unpinned, pinned (pin_cores), or both side by side
 PINS = {"off": (False,), "on": (True,), "both": (False, True)}
@@ -90,23 +98,63 @@ def measure(
 
 
 OWNER_ROWS = (1, 64)
+# the waiting engine the owner is served over to check what of its CPU runs in series with the
+# forwards (bench.owner_alone --table)
+OWNER_TABLE = "table:a30"
 
 
-def measure_owner_alone(rounds: int, seconds: float) -> dict[str, float]:
-    """The owner's CPU per request with a core of its own (``bench.owner_alone``: pinned, fed by
-    2 processes as 2 fronts, as many requests in flight as the served runs), by rows per
-    request: what a node's owner costs where it does not share its core."""
+def sleep_overshoot_us(wait_s: float = 1.5e-3, times: int = 300) -> float:
+    """How much longer than asked a wait of about a forward's length takes here: the waiting
+    engine's forwards take that much more than its table says."""
+    started = time.perf_counter()
+    for _ in range(times):
+        time.sleep(wait_s)
+    return ((time.perf_counter() - started) / times - wait_s) * 1e6
+
+
+def measure_owner_alone(rounds: int, seconds: float) -> dict[str, object]:
+    """The owner alone on a core of its own (``bench.owner_alone``: pinned, fed by 2 processes as
+    2 fronts), by rows per request, alternating every round:
+    - over a zero-time engine, as many requests in flight as the served runs: its CPU per
+      request, all of it and its scheduler thread's (``owner_alone_us``,
+      ``owner_alone_scheduler_us``): what a node's owner costs where it does not share its core;
+    - over an engine whose forwards wait ``OWNER_TABLE``'s time (a GPU's, derived), the node's
+      clients in flight: what it serves, and the same two costs (``owner_over_table``), to
+      check which of them runs in series with the forwards."""
     from bench.owner_alone import one_round
 
-    out = {}
+    zero: dict[str, dict[str, list[float]]] = {}
+    timed: dict[str, dict[str, list[float]]] = {}
     for rows in OWNER_ROWS:
-        spent = []
-        for _ in range(rounds):
-            rate, owner_share, _ = one_round(rows, CLIENTS[rows], seconds, feeders=2)
-            spent.append(owner_share / (rate / rows) * 1e6)
-            print(f"owner alone, {rows} rows a request: {spent[-1]:.0f} us a request", flush=True)
-        out[str(rows)] = float(np.mean(spent))
-    return out
+        mine_zero = zero.setdefault(str(rows), {"owner_us": [], "scheduler_us": []})
+        mine_timed = timed.setdefault(
+            str(rows), {"rows_per_s": [], "owner_us": [], "scheduler_us": []}
+        )
+        for r in range(rounds):
+            for table in ("zero", OWNER_TABLE) if r % 2 == 0 else (OWNER_TABLE, "zero"):
+                clients = CLIENTS[rows] if table == "zero" else NODE_CLIENTS[rows]
+                got = one_round(rows, clients, seconds, feeders=2, table=table)
+                mine = mine_zero if table == "zero" else mine_timed
+                mine["owner_us"].append(got.us_per_request(got.owner_share, rows))
+                mine["scheduler_us"].append(got.us_per_request(got.scheduler_share, rows))
+                if table != "zero":
+                    mine["rows_per_s"].append(got.rows_per_s)
+                print(
+                    f"owner alone, {rows} rows a request, {table}, {clients} clients: "
+                    f"{got.rows_per_s:.0f} rows/s, {mine['owner_us'][-1]:.0f} us a request "
+                    f"(its scheduler thread {mine['scheduler_us'][-1]:.0f})",
+                    flush=True,
+                )
+    return {
+        "owner_alone_us": {k: float(np.mean(v["owner_us"])) for k, v in zero.items()},
+        "owner_alone_scheduler_us": {k: float(np.mean(v["scheduler_us"])) for k, v in zero.items()},
+        "owner_over_table": {
+            "table": OWNER_TABLE,
+            "sleep_overshoot_us": sleep_overshoot_us(),
+            "clients": {str(rows): NODE_CLIENTS[rows] for rows in OWNER_ROWS},
+            "runs": timed,
+        },
+    }
 
 
 def measure_floor(
@@ -235,23 +283,72 @@ def validation(data: dict) -> str:
     return "\n".join(lines)
 
 
+def owner_in_series(data: dict, lengths: list[int]) -> str:
+    """The owner alone over the waiting engine (``measure-owner``), served beside what the
+    simulator predicts from the run's own costs with all of the owner's CPU in series with the
+    forwards (the node tables' assumption) and with its scheduler thread's alone."""
+    over = data.get("owner_over_table")
+    if not over:
+        return ""
+    overshoot_us = float(over["sleep_overshoot_us"])
+    table = slowed_table(cost_table(over["table"]), overshoot_us * 1e-6)
+    lines = [
+        "What of the owner's CPU runs in series with the GPU's forwards, checked on the owner "
+        f"alone (`measure-owner`: pinned to a core, 2 feeder processes as fronts on the other) "
+        f"over an engine whose forwards wait the {over['table']} table's time (derived, not a "
+        f"GPU; each wait here {overshoot_us:.0f} us longer than asked, given to the simulator "
+        "too), at the node's clients, predicted from each run's own CPU per request:",
+        "",
+        "| rows per request | clients | served rows/s (each round) | served, mean | owner's CPU a request (its scheduler thread's) | predicted, all of the owner in series (/ served) | predicted, its scheduler thread alone (/ served) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rows in OWNER_ROWS:
+        runs = over["runs"][str(rows)]
+        served = float(np.mean(runs["rows_per_s"]))
+        owner, scheduler = (float(np.mean(runs[k])) for k in ("owner_us", "scheduler_us"))
+        clients = int(over["clients"][str(rows)])
+        low, high = (
+            predict(
+                lengths,
+                table,
+                CpuCosts({"owner": owner}, 0.0, in_series_us=series),
+                1.0,
+                rows,
+                Layout(fronts=2),
+                clients=clients,
+            ).rows_per_s
+            for series in (owner, scheduler)
+        )
+        each = ", ".join(f"{x:,.0f}" for x in runs["rows_per_s"])
+        lines.append(
+            f"| {rows} | {clients} | {each} | {served:,.0f} | {owner:.0f} ({scheduler:.0f}) | "
+            f"{low:,.0f} ({low / served:.2f}) | {high:,.0f} ({high / served:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
 def node_costs(
-    data: dict, layout: Layout, rows: int, owner_alone: bool = True, pinned: bool = False
+    data: dict,
+    layout: Layout,
+    rows: int,
+    owner_alone: bool = True,
+    pinned: bool = False,
+    scheduler_in_series: bool = False,
 ) -> CpuCosts:
     """A served node's costs: no client on its cores; K > 2 fronts cost as 2 did (extrapolated);
-    the owner (and the scheduler's work in series with the forwards) at its cost alone on a core
-    of its own (``measure-owner``, pinned there either way), or as served on this machine's
-    shared cores; ``pinned``: the costs measured with the processes pinned."""
+    the owner at its cost alone on a core of its own (``measure-owner``, pinned there either
+    way), or as served on this machine's shared cores; ``pinned``: the costs measured with the
+    processes pinned. In series with the forwards: all of the owner's CPU (a lower estimate of
+    what it serves), or with ``scheduler_in_series`` its scheduler thread's alone (an upper
+    one: the owner's socket thread runs while a forward waits)."""
     fronts = min(layout.fronts, 2) if layout.fronts else 0
     costs = costs_of(data["points"], fronts, rows, pinned).without_client()
     alone = data.get("owner_alone_us", {}).get(str(rows))
     if not owner_alone or alone is None:
         return costs
     us = {**costs.us, "owner": alone} if "owner" in costs.us else costs.us
-    return replace(costs, us=us, in_series_us=alone)
-
-
-NODE_ROWS = (1, 64)  # rows per request: one-row clients, and 64-row requests
+    series = data["owner_alone_scheduler_us"][str(rows)] if scheduler_in_series else alone
+    return replace(costs, us=us, in_series_us=series)
 
 
 def node_predictions(
@@ -281,7 +378,7 @@ def node_predictions(
             )
             + "):",
             "",
-            "| layout | one-row requests: rows/s | bound | rows per forward | 64-row requests: rows/s | bound |"
+            "| layout | one-row requests (256 clients): rows/s | bound | rows per forward | 64-row requests (16 clients): rows/s | bound |"
             + (
                 " pinned: one-row rows/s (bound) | pinned: 64-row rows/s (bound) |"
                 if pinned_too
@@ -303,7 +400,13 @@ def node_predictions(
             for pinned in pins:
                 one, many = (
                     predict(
-                        lengths, table, node_costs(data, layout, r, pinned=pinned), cores, r, layout
+                        lengths,
+                        table,
+                        node_costs(data, layout, r, pinned=pinned),
+                        cores,
+                        r,
+                        layout,
+                        clients=NODE_CLIENTS[r],
                     )
                     for r in NODE_ROWS
                 )
@@ -328,7 +431,15 @@ def node_predictions(
         peer = peer_of(False)
         triton_us = peer.of("triton")
         allowed = min(cores / (triton_us * 1e-6), peer.triton_ceiling_per_s)
-        engine = predict(lengths, table, CpuCosts({}, 0.0), cores, 64, Layout(peer=True))
+        engine = predict(
+            lengths,
+            table,
+            CpuCosts({}, 0.0),
+            cores,
+            64,
+            Layout(peer=True),
+            clients=NODE_CLIENTS[64],
+        )
         best = default_fronts(True, cores, (0,), 1)
         chosen = Layout(fronts=best)
 
@@ -343,6 +454,7 @@ def node_predictions(
                 rows,
                 Layout(peer=True) if name == "peer" else chosen,
                 "dynamic_batcher" if name == "peer" else name,
+                clients=NODE_CLIENTS[rows],
             )
             for name in ("dp", "per_bucket", "peer")
             for rows in NODE_ROWS
@@ -350,10 +462,32 @@ def node_predictions(
         }
         contended = [
             predict(
-                lengths, table, node_costs(data, chosen, r, owner_alone=False), cores, r, chosen
+                lengths,
+                table,
+                node_costs(data, chosen, r, owner_alone=False),
+                cores,
+                r,
+                chosen,
+                clients=NODE_CLIENTS[r],
             )
             for r in NODE_ROWS
         ]
+        scheduler_only = (
+            [
+                predict(
+                    lengths,
+                    table,
+                    node_costs(data, chosen, r, scheduler_in_series=True),
+                    cores,
+                    r,
+                    chosen,
+                    clients=NODE_CLIENTS[r],
+                )
+                for r in NODE_ROWS
+            ]
+            if "owner_alone_scheduler_us" in data
+            else []
+        )
         mine = [p for p in plotted if p["gpu"] == gpu]
         ours = {
             pinned: max(float(p[pinned_key("one_row", pinned)]) for p in mine)  # type: ignore[arg-type]
@@ -384,6 +518,18 @@ def node_predictions(
             f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), the default "
             f"{best} fronts serve {contended[0].rows_per_s:,.0f} and {contended[1].rows_per_s:,.0f}"
             " rows/s (unpinned): the owner's own core is what the split needs most.",
+            *(
+                [
+                    f"- With only the owner's scheduler thread in series with the forwards ("
+                    f"{node_costs(data, chosen, 1, scheduler_in_series=True).in_series_us:.0f} of "
+                    f"its {node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), "
+                    f"the default {best} fronts serve {scheduler_only[0].rows_per_s:,.0f} and "
+                    f"{scheduler_only[1].rows_per_s:,.0f} rows/s (unpinned): the upper end of "
+                    "what the owner alone served between (the check above).",
+                ]
+                if scheduler_only
+                else []
+            ),
             "",
             f"The planner and the peer at the same loads, the default {best} fronts (the peer: "
             "Triton's dynamic batcher in front of its C++ TensorRT backend, whose only CPU is "
@@ -534,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     data = json.loads(COSTS_FILE.read_text())
     if args.what == "measure-owner":
-        data["owner_alone_us"] = measure_owner_alone(args.rounds, args.measurement_ms / 1000)
+        data |= measure_owner_alone(args.rounds, args.measurement_ms / 1000)
     if args.what == "measure-floor":
         for pinned in PINS[args.pin_cores]:
             key = "floor_pinned_us" if pinned else "floor_us"
@@ -543,7 +689,9 @@ def main(argv: list[str] | None = None) -> int:
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     table = validation(data)
-    node, plotted = node_predictions(read_lengths(LENGTHS), data, args.cores)
+    lengths = read_lengths(LENGTHS)
+    owner = owner_in_series(data, lengths)
+    node, plotted = node_predictions(lengths, data, args.cores)
     plot(plotted)
     text = (
         "## The server's CPU, modelled\n\n"
@@ -557,11 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         "forwards, which the simulator steps through the project's own scheduler.\n\n"
         + table
         + "\n\n"
+        + (owner + "\n\n" if owner else "")
         + node
-        + "\nWhere the GPU binds, its ceiling is the highest open-loop rate the simulated engine "
-        "keeps up with (a p99 under a second over about 2,000 requests); near that edge the "
-        "search moves by up to 15% from one layout to the next (the 10-front row), so read "
-        "those rows to that precision.\n"
+        + "\nWhere the GPU binds, its ceiling is what the simulated engine serves to the node's "
+        "clients in a closed loop (256 one-row clients, 16 of 64-row requests; each of today's "
+        "N instances gets 1/N of them), all of them waiting in the owner's queue (the time "
+        "each spends in the fronts left out), the owner's CPU in series with each forward. "
+        "Rows per forward, where the CPU binds, are those of an open loop at the CPU's rate.\n"
         + "\n![predicted rows/s against fronts per GPU](cpu_model.png)\n"
     )
     print(text)

@@ -1,10 +1,11 @@
 """The queue owner alone: no Triton, requests from another process over the owner's socket.
 
     python -m bench.owner_alone [--rows-per-request 1,64] [--feeders 1,2] [--clients 64]
-                                [--seconds 5] [--rounds 3]
+                                [--seconds 5] [--rounds 3] [--table zero|table:a30]
 
 The owner (``python_backend.queue_owner`` over the scheduler, a zero-time engine of a default
-TensorRT build's layout, 384 outputs a row) runs in its own process pinned to core 0 with
+TensorRT build's layout, 384 outputs a row; with ``--table``, forwards that wait a GPU table's
+time, as the owner's GPU forwards would, releasing the GIL) runs in its own process pinned to core 0 with
 ``taskset``. Feeder processes pinned to core 1 (``--feeders``, as many fronts) keep
 ``--clients`` requests in flight between them, each through one ``OwnerClient`` (the front's
 side): each answer sends the next request, so the messages are the batches fronts send at that
@@ -12,7 +13,9 @@ load. Rows are real request lengths
 (bench/data/request_lengths.txt) with random token ids.
 
 Both processes' CPU is read from /proc, so the table says which side was the limit: rows/s per
-second of the owner's CPU is what one core of queue owner carries.
+second of the owner's CPU is what one core of queue owner carries. The owner's scheduler
+thread's CPU is read apart: it alone runs between one forward and the next; the owner's socket
+thread (and ZeroMQ's own) can run while a forward waits.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import psutil
 
-from bench.cost_tables import LENGTHS, read_lengths, tensorrt_layout
+from bench.cost_tables import LENGTHS, cost_table, read_lengths, tensorrt_layout
 from bench.errors import BenchError, reports_errors
 from bench.paths import ROOT
 
@@ -37,18 +42,24 @@ OUTPUT_DIM = 384
 PLANNER_OVERHEAD_TOKENS = 128.0  # the planner's fixed cost of a forward, in padded tokens
 
 
-class ZeroEngine:
-    """Forwards that take no time: what is measured is everything around the engine."""
+class WaitingEngine:
+    """Forwards that wait a cost table's time for the size that runs (none: ``zero``, where
+    what is measured is everything around the engine) and answer zeros. Waiting releases the
+    GIL, as a GPU's forward does while the owner's other threads run."""
 
     output_name = "EMBEDDING"
     output_dim = OUTPUT_DIM
 
-    def __init__(self) -> None:
-        self.layout = tensorrt_layout()
+    def __init__(self, table: str = "zero") -> None:
+        self.table = None if table == "zero" else cost_table(table)
+        self.layout = tensorrt_layout() if self.table is None else self.table.layout
         self._zeros = np.zeros((self.layout.max_batch, OUTPUT_DIM), np.float32)
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        return self._zeros[: len(input_ids)]
+        rows, length = input_ids.shape
+        if self.table is not None:
+            time.sleep(self.table.seconds(self.layout.run_batch_size(length, rows), length))
+        return self._zeros[:rows]
 
     def close(self) -> None:
         pass
@@ -61,25 +72,40 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
-def serve(endpoint: str) -> None:
-    """The owner's process: serves until stdin closes."""
+def thread_cpu_seconds(pid: int, thread_id: int) -> float:
+    """User plus system CPU seconds of one thread of a process."""
+    fields = Path(f"/proc/{pid}/task/{thread_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve(endpoint: str, table: str) -> None:
+    """The owner's process: serves until stdin closes. Prints 'ready TID', the scheduler
+    thread's id (its CPU is what runs in series with the forwards)."""
     from python_backend.cost_models import LinearCost
     from python_backend.queue_owner import QueueOwner
     from python_backend.scheduler import Scheduler
 
-    engine = ZeroEngine()
-    scheduler = Scheduler(
-        engine, 0, LinearCost(PLANNER_OVERHEAD_TOKENS), engine.layout.max_batch, 10**6
-    )
+    engine = WaitingEngine(table)
+    # the planner's fixed cost: the table's own, as calibration would find it (the simulator's)
+    overhead = PLANNER_OVERHEAD_TOKENS if engine.table is None else engine.table.fixed_tokens
+    scheduler = Scheduler(engine, 0, LinearCost(overhead), engine.layout.max_batch, 10**6)
     owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM)
     owner.start()
-    print("ready", flush=True)
+    print(f"ready {scheduler.thread_id}", flush=True)
     sys.stdin.read()
     owner.stop(5.0)
 
 
-def feed(endpoint: str, rows_per_request: int, clients: int, seconds: float, owner_pid: int) -> str:
-    """The feeder's process: closed-loop clients; prints 'rows owner_cpu feeder_cpu wall'."""
+def feed(
+    endpoint: str,
+    rows_per_request: int,
+    clients: int,
+    seconds: float,
+    owner_pid: int,
+    scheduler_thread: int,
+) -> str:
+    """The feeder's process: closed-loop clients; prints 'rows owner_cpu feeder_cpu wall
+    scheduler_cpu' (the owner's scheduler thread's CPU, part of owner_cpu)."""
     from python_backend.owner_client import OwnerClient
     from python_backend.scheduler import Answer
 
@@ -114,6 +140,7 @@ def feed(endpoint: str, rows_per_request: int, clients: int, seconds: float, own
         client.submit(pool[k % len(pool)], respond)
     time.sleep(1.0)  # warm-up
     me = os.getpid()
+    scheduler_start = thread_cpu_seconds(owner_pid, scheduler_thread)
     owner_start, feeder_start, started = cpu_seconds(owner_pid), cpu_seconds(me), time.monotonic()
     measuring.set()
     time.sleep(seconds)
@@ -121,27 +148,51 @@ def feed(endpoint: str, rows_per_request: int, clients: int, seconds: float, own
     wall = time.monotonic() - started
     rows = counted[0]
     owner_cpu, feeder_cpu = cpu_seconds(owner_pid) - owner_start, cpu_seconds(me) - feeder_start
+    scheduler_cpu = thread_cpu_seconds(owner_pid, scheduler_thread) - scheduler_start
     stopping.set()
     time.sleep(0.2)
     client.stop()
     if errors:
         raise BenchError(f"{len(errors)} requests failed, the first: {errors[0]}")
-    return f"{rows} {owner_cpu} {feeder_cpu} {wall}"
+    return f"{rows} {owner_cpu} {feeder_cpu} {wall} {scheduler_cpu}"
 
 
 def pinned(core: int) -> list[str]:
     return ["taskset", "-c", str(core)] if shutil.which("taskset") and os.cpu_count() else []
 
 
+@dataclass(frozen=True)
+class OwnerRound:
+    """One round: rows/s, and shares of a core: the owner's (all its threads), its scheduler
+    thread's (part of it: what runs between forwards), the feeders'."""
+
+    rows_per_s: float
+    owner_share: float
+    scheduler_share: float
+    feeder_share: float
+
+    def us_per_request(self, share: float, rows_per_request: int) -> float:
+        return share / (self.rows_per_s / rows_per_request) * 1e6
+
+
 def one_round(
-    rows_per_request: int, clients: int, seconds: float, feeders: int = 1
-) -> tuple[float, float, float]:
-    """(rows/s, owner's share of its core, the feeders' share of theirs): ``feeders`` processes
-    (as many fronts), ``clients`` requests in flight between them."""
+    rows_per_request: int, clients: int, seconds: float, feeders: int = 1, table: str = "zero"
+) -> OwnerRound:
+    """``feeders`` processes (as many fronts), ``clients`` requests in flight between them, the
+    owner's forwards waiting ``table``'s time."""
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/owner.sock"
         owner = subprocess.Popen(
-            [*pinned(0), sys.executable, "-m", "bench.owner_alone", "--serve", endpoint],
+            [
+                *pinned(0),
+                sys.executable,
+                "-m",
+                "bench.owner_alone",
+                "--serve",
+                endpoint,
+                "--table",
+                table,
+            ],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -149,7 +200,8 @@ def one_round(
         )
         try:
             assert owner.stdout is not None
-            if owner.stdout.readline().strip() != "ready":
+            ready = owner.stdout.readline().split()
+            if not ready or ready[0] != "ready":
                 raise BenchError("the owner process did not start")
             feeding = [
                 subprocess.Popen(
@@ -162,6 +214,8 @@ def one_round(
                         endpoint,
                         "--owner-pid",
                         str(owner.pid),
+                        "--scheduler-thread",
+                        ready[1],
                         "--rows-per-request",
                         str(rows_per_request),
                         "--clients",
@@ -181,7 +235,7 @@ def one_round(
                 out, err = feeder.communicate(timeout=seconds + 60)
                 if feeder.returncode != 0:
                     raise BenchError(f"a feeder failed: {err[-2000:]}")
-                results.append(list(map(float, out.split()[-4:])))
+                results.append(list(map(float, out.split()[-5:])))
         finally:
             if owner.stdin is not None:
                 owner.stdin.close()
@@ -189,10 +243,12 @@ def one_round(
     # the feeders measure the same window, give or take their start: rows add up, the owner's
     # CPU is read by each over its own window (their mean), the feeders' CPU adds up
     wall = float(np.mean([r[3] for r in results]))
-    rows = sum(r[0] for r in results)
-    owner_cpu = float(np.mean([r[1] for r in results]))
-    feeder_cpu = sum(r[2] for r in results)
-    return rows / wall, owner_cpu / wall, feeder_cpu / wall
+    return OwnerRound(
+        rows_per_s=sum(r[0] for r in results) / wall,
+        owner_share=float(np.mean([r[1] for r in results])) / wall,
+        scheduler_share=float(np.mean([r[4] for r in results])) / wall,
+        feeder_share=sum(r[2] for r in results) / wall,
+    )
 
 
 @reports_errors
@@ -205,30 +261,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--feeders", default="1", help="feeder processes (as many fronts), comma-separated"
     )
+    parser.add_argument(
+        "--table",
+        default="zero",
+        help="the owner's forwards wait this table's time (table:a30, table:a100), or none (zero)",
+    )
     parser.add_argument("--serve", metavar="ENDPOINT", help=argparse.SUPPRESS)
+    parser.add_argument("--scheduler-thread", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--feed", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.table)
         return 0
     if args.feed:
         print(
-            feed(args.feed, int(args.rows_per_request), args.clients, args.seconds, args.owner_pid)
+            feed(
+                args.feed,
+                int(args.rows_per_request),
+                args.clients,
+                args.seconds,
+                args.owner_pid,
+                args.scheduler_thread,
+            )
         )
         return 0
     sizes = [int(n) for n in args.rows_per_request.split(",")]
     print(
         "| rows per request | feeders | round | rows/s | owner CPU (share of its core) "
-        "| feeders' CPU | rows per owner CPU-second |\n|---|---|---|---|---|---|---|"
+        "| its scheduler thread | feeders' CPU | rows per owner CPU-second |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for n in sizes:
         for feeders in (int(f) for f in args.feeders.split(",")):
             for r in range(args.rounds):
-                rate, owner_share, feeder_share = one_round(n, args.clients, args.seconds, feeders)
+                got = one_round(n, args.clients, args.seconds, feeders, args.table)
                 print(
-                    f"| {n} | {feeders} | {r + 1} | {rate:.0f} | {owner_share:.0%} "
-                    f"| {feeder_share:.0%} | {rate / max(owner_share, 1e-9):.0f} |",
+                    f"| {n} | {feeders} | {r + 1} | {got.rows_per_s:.0f} | {got.owner_share:.0%} "
+                    f"| {got.scheduler_share:.0%} | {got.feeder_share:.0%} "
+                    f"| {got.rows_per_s / max(got.owner_share, 1e-9):.0f} |",
                     flush=True,
                 )
     return 0

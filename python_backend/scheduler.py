@@ -451,6 +451,12 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The scheduler thread's id in the OS (its CPU is what runs between forwards), once
+        started."""
+        return self._thread.native_id if self._thread is not None else None
+
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stops accepting, finishes what is queued (up to ``timeout_s``), answers the rest.
 

@@ -19,9 +19,9 @@ A closed loop of many clients is served at the lowest of these ceilings (request
 ``C / (sum of the processes' CPU)`` (the cores, shared), ``K / front serial`` (or ``N / model
 serial``), ``1 / owner``, and Triton's own. Behind them the GPU: the owner's planner, stepped by
 the simulator (``bench.sim.run.simulate``) over the cost table, with the owner's CPU per row in
-series with each forward. The served rate is the CPU's ceiling when the simulated engine keeps
-up with it, else what the engine serves. Queueing between the processes is not modelled beyond
-that: the ceilings hold where one of them is clearly the bottleneck, and overestimate near a tie.
+series with each forward, serving a closed loop of the clients. The served rate is the lower of
+the CPU's ceiling and the engine's. Queueing between the processes is not modelled beyond that:
+the ceilings hold where one of them is clearly the bottleneck, and overestimate near a tie.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from bench.sim.run import Result, simulate
 # (triton-inference-server/server#7590, a user's report with perf_analyzer, not NVIDIA's
 # figure); the middle of that range
 TRITON_CEILING_PER_S = 55_000.0
-KEPT_UP_P99_MS = 1000.0  # an engine keeps up with a rate when its p99 stays under this
 
 
 @dataclass(frozen=True)
@@ -117,12 +116,15 @@ def predict(
     rows: int,
     layout: Layout,
     policy: str = "dp",
-    seconds: float = 20.0,
+    clients: int | None = None,
+    seconds: float = 2.0,
 ) -> Served:
-    """The ceiling of many clients in requests of ``rows`` rows, ``costs`` measured at that
-    size: the CPU's, unless the engine behind it (``table``; None: forwards take no time)
-    cannot keep up, then the highest rate it keeps up with (an open loop: what clients enough
-    to keep its queue full get)."""
+    """What ``clients`` closed-loop clients (default: 4,096 rows in flight), each with one request
+    of ``rows`` rows in flight, get, ``costs`` measured at that size: the lower of the CPU's
+    ceiling and what the engine behind it (``table``; None: forwards take no time) serves to
+    that many clients, the scheduler's CPU in series with each forward. With the engine the
+    bound, the clients' requests wait in the owner's queue, so the engine's closed loop holds
+    them all (the time each spends in the fronts is left out: an upper estimate near a tie)."""
     limits = cpu_ceilings(costs, cores, layout)
     bound = min(limits, key=lambda k: limits[k])
     cpu_rows = limits[bound] * rows
@@ -131,57 +133,31 @@ def predict(
     # in series with the forwards: the scheduler's CPU; none for the peer (Triton's core)
     serial_us_per_row = 0.0 if layout.peer else costs.in_series_us / rows
     planners = layout.instances if not layout.fronts and not layout.peer else 1
-    # today's N instances: N planners, each with 1/N of the rows, each context time-sliced to
-    # 1/N of the GPU while all are busy (no overlap between contexts assumed)
+    # today's N instances: N planners, each with 1/N of the clients, each context time-sliced
+    # to 1/N of the GPU while all are busy (no overlap between contexts assumed)
     shared = scaled_table(table, planners) if planners > 1 else table
+    in_flight = clients if clients is not None else max(1, 4096 // rows)
 
-    def kept_up(rate: float) -> Result | None:
-        """The run at ``rate`` rows/s offered to one planner, if its engine kept up."""
-        run = simulate(
+    def run(concurrency: int | None = None, rate: float | None = None) -> Result:
+        return simulate(
             lengths,
             shared,
             policy,
+            concurrency=concurrency,
             rate=rate,
-            # about 2000 requests: a queue that grows shows in its p99
-            seconds=min(seconds, max(0.5, 2000 * rows / max(rate, 1.0))),
-            warmup_s=min(2.0, 500 / max(rate, 1.0)),
+            seconds=seconds,
+            warmup_s=0.2,
             server_us_per_row=serial_us_per_row,
             rows_per_request=rows,
         )
-        # kept up: its queue did not grow (p99 bounded; a queue that grows makes the latency of
-        # the last requests grow with the run) and it served about what came
-        return (
-            run if run.percentile_ms(99) < KEPT_UP_P99_MS and run.rows_per_s >= 0.8 * rate else None
-        )
 
-    offered = cpu_rows / planners
-    run = kept_up(offered)
-    if run is not None:
-        return Served(cpu_rows, bound, cpu_rows, rows_per_forward(run), limits)
-    # the engine cannot keep up with the CPU: the highest rate it does, to within 1%, below what
-    # a closed loop with a deep queue gets out of it
-    deep = simulate(
-        lengths,
-        shared,
-        policy,
-        concurrency=max(1, 4096 // rows),
-        seconds=min(seconds, max(0.5, 2000 * rows / max(offered, 1.0))),
-        warmup_s=0.2,
-        server_us_per_row=serial_us_per_row,
-        rows_per_request=rows,
-    ).rows_per_s
-    # (a deep queue's first forwards are fuller than the steady state's: an upper estimate)
-    low, high, best = 0.0, min(offered, 1.5 * deep), None
-    for _ in range(8):
-        mid = (low + high) / 2
-        found = kept_up(mid)
-        if found is not None:
-            low, best = mid, found
-        else:
-            high = mid
-    if best is None:
-        raise ValueError(f"the engine keeps up with no rate below {offered:.0f} rows/s")
+    engine = run(concurrency=max(1, in_flight // planners))
+    engine_rows = engine.rows_per_s * planners
+    if cpu_rows <= engine_rows:
+        # the CPU binds: the engine sees the CPU's rate, and fills its forwards at that rate
+        at_cpu = run(rate=cpu_rows / planners)
+        return Served(cpu_rows, bound, cpu_rows, rows_per_forward(at_cpu), limits)
     # the forwards, with the owner's CPU in series: which of the two takes more of the time
-    serial_share = low * serial_us_per_row * 1e-6
+    serial_share = engine.rows_per_s * serial_us_per_row * 1e-6
     where = "GPU" if serial_share < 0.5 else "owner + GPU in series"
-    return Served(low * planners, where, cpu_rows, rows_per_forward(best), limits)
+    return Served(engine_rows, where, cpu_rows, rows_per_forward(engine), limits)

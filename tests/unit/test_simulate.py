@@ -51,6 +51,27 @@ def test_an_open_loop_under_capacity_serves_what_it_is_offered():
     assert r.rows_per_s == pytest.approx(200, rel=0.1)
 
 
+@pytest.mark.parametrize("seconds", [0.5, 2.0])
+def test_an_open_loop_over_capacity_is_served_at_capacity_not_more(seconds):
+    # 100 us a row, whatever the grouping: 10,000 rows/s at most. Offered 10x that, each step
+    # takes the whole queue and its forwards run far past the window's end: what they answer
+    # there is not the window's
+    free = linear_table(0.0, 0.0)
+    r = simulate(
+        LENGTHS, free, "dp", rate=100_000, seconds=seconds, warmup_s=0.1, server_us_per_row=100
+    )
+    assert r.rows_per_s == pytest.approx(10_000, rel=0.03)
+    assert r.served_over_offered == pytest.approx(0.1, rel=0.1)
+
+
+def test_an_open_loop_under_capacity_answers_what_arrives_in_its_window():
+    r = simulate(
+        LENGTHS, linear_table(0.0, 0.0), "dp", rate=5000, seconds=2.0, server_us_per_row=100
+    )
+    # the arrivals' own noise cancels: answered against arrived, not against the rate
+    assert r.served_over_offered == pytest.approx(1.0, abs=0.005)
+
+
 def test_the_dp_beats_per_bucket_grouping_when_a_forward_costs_much_fixed_time():
     heavy = linear_table(fixed_ms=5.0, us_per_token=0.5)  # 10000 tokens of fixed cost
     dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=10)
