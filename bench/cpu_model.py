@@ -614,7 +614,7 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     for ax, key, title in (
         (axes[0], "one_row", "one-row requests"),
         (axes[1], "many_rows", "64-row requests"),
@@ -650,7 +650,8 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
         ax.set_ylabel("predicted rows/s")
         ax.set_title(f"16 cores, one GPU, {title}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        # below the panel: inside it, it covered the lines it names
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return save_figure(fig, path)
 
 
