@@ -120,7 +120,8 @@ def measure_owner_alone(rounds: int, seconds: float) -> dict[str, object]:
       ``owner_alone_scheduler_us``): what a node's owner costs where it does not share its core;
     - over an engine whose forwards wait ``OWNER_TABLE``'s time (a GPU's, derived), the node's
       clients in flight: what it serves, and the same two costs (``owner_over_table``), to
-      check which of them runs in series with the forwards."""
+      check which of them runs in series with the forwards; and what it serves with its
+      forwards on an engine thread (``overlap_forwards``)."""
     from bench.owner_alone import one_round
 
     zero: dict[str, dict[str, list[float]]] = {}
@@ -130,10 +131,20 @@ def measure_owner_alone(rounds: int, seconds: float) -> dict[str, object]:
         mine_timed = timed.setdefault(
             str(rows), {"rows_per_s": [], "owner_us": [], "scheduler_us": []}
         )
+        # zero-time engine; the waiting table; the waiting table with the overlap
+        kinds = (("zero", False), (OWNER_TABLE, False), (OWNER_TABLE, True))
         for r in range(rounds):
-            for table in ("zero", OWNER_TABLE) if r % 2 == 0 else (OWNER_TABLE, "zero"):
+            for table, overlap in kinds if r % 2 == 0 else kinds[::-1]:
                 clients = CLIENTS[rows] if table == "zero" else NODE_CLIENTS[rows]
-                got = one_round(rows, clients, seconds, feeders=2, table=table)
+                got = one_round(rows, clients, seconds, feeders=2, table=table, overlap=overlap)
+                if overlap:
+                    mine_timed.setdefault("overlap_rows_per_s", []).append(got.rows_per_s)
+                    print(
+                        f"owner alone, {rows} rows a request, {table}, {clients} clients, "
+                        f"overlap: {got.rows_per_s:.0f} rows/s",
+                        flush=True,
+                    )
+                    continue
                 mine = mine_zero if table == "zero" else mine_timed
                 mine["owner_us"].append(got.us_per_request(got.owner_share, rows))
                 mine["scheduler_us"].append(got.us_per_request(got.scheduler_share, rows))
@@ -299,8 +310,8 @@ def owner_in_series(data: dict, lengths: list[int]) -> str:
         f"GPU; each wait here {overshoot_us:.0f} us longer than asked, given to the simulator "
         "too), at the node's clients, predicted from each run's own CPU per request:",
         "",
-        "| rows per request | clients | served rows/s (each round) | served, mean | owner's CPU a request (its scheduler thread's) | predicted, all of the owner in series (/ served) | predicted, its scheduler thread alone (/ served) |",
-        "|---|---|---|---|---|---|---|",
+        "| rows per request | clients | served rows/s (each round) | served, mean | owner's CPU a request (its scheduler thread's) | predicted, all of the owner in series (/ served) | predicted, its scheduler thread alone (/ served) | served with `overlap_forwards` (each round; mean / served) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for rows in OWNER_ROWS:
         runs = over["runs"][str(rows)]
@@ -320,9 +331,17 @@ def owner_in_series(data: dict, lengths: list[int]) -> str:
             for series in (owner, scheduler)
         )
         each = ", ".join(f"{x:,.0f}" for x in runs["rows_per_s"])
+        overlapped = runs.get("overlap_rows_per_s")
+        with_overlap = (
+            ", ".join(f"{x:,.0f}" for x in overlapped)
+            + f"; {float(np.mean(overlapped)) / served:.2f}x"
+            if overlapped
+            else "not measured"
+        )
         lines.append(
             f"| {rows} | {clients} | {each} | {served:,.0f} | {owner:.0f} ({scheduler:.0f}) | "
-            f"{low:,.0f} ({low / served:.2f}) | {high:,.0f} ({high / served:.2f}) |"
+            f"{low:,.0f} ({low / served:.2f}) | {high:,.0f} ({high / served:.2f}) | "
+            f"{with_overlap} |"
         )
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
     python -m bench.owner_alone [--rows-per-request 1,64] [--feeders 1,2] [--clients 64]
                                 [--seconds 5] [--rounds 3] [--table zero|table:a30]
+                                [--overlap off|on|both]
 
 The owner (``python_backend.queue_owner`` over the scheduler, a zero-time engine of a default
 TensorRT build's layout, 384 outputs a row; with ``--table``, forwards that wait a GPU table's
@@ -39,7 +40,13 @@ from bench.errors import BenchError, reports_errors
 from bench.paths import ROOT
 
 OUTPUT_DIM = 384
-PLANNER_OVERHEAD_TOKENS = 128.0  # the planner's fixed cost of a forward, in padded tokens
+PLANNER_OVERHEAD_TOKENS = 128.0
+# --overlap: the owner's forwards on an engine thread (Scheduler overlap), or not, or both
+OVERLAP = {
+    "off": (False,),
+    "on": (True,),
+    "both": (False, True),
+}  # the planner's fixed cost of a forward, in padded tokens
 
 
 class WaitingEngine:
@@ -78,7 +85,7 @@ def thread_cpu_seconds(pid: int, thread_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(endpoint: str, table: str) -> None:
+def serve(endpoint: str, table: str, overlap: bool = False) -> None:
     """The owner's process: serves until stdin closes. Prints 'ready TID', the scheduler
     thread's id (its CPU is what runs in series with the forwards)."""
     from python_backend.cost_models import LinearCost
@@ -88,7 +95,9 @@ def serve(endpoint: str, table: str) -> None:
     engine = WaitingEngine(table)
     # the planner's fixed cost: the table's own, as calibration would find it (the simulator's)
     overhead = PLANNER_OVERHEAD_TOKENS if engine.table is None else engine.table.fixed_tokens
-    scheduler = Scheduler(engine, 0, LinearCost(overhead), engine.layout.max_batch, 10**6)
+    scheduler = Scheduler(
+        engine, 0, LinearCost(overhead), engine.layout.max_batch, 10**6, overlap=overlap
+    )
     owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM)
     owner.start()
     print(f"ready {scheduler.thread_id}", flush=True)
@@ -176,10 +185,15 @@ class OwnerRound:
 
 
 def one_round(
-    rows_per_request: int, clients: int, seconds: float, feeders: int = 1, table: str = "zero"
+    rows_per_request: int,
+    clients: int,
+    seconds: float,
+    feeders: int = 1,
+    table: str = "zero",
+    overlap: bool = False,
 ) -> OwnerRound:
     """``feeders`` processes (as many fronts), ``clients`` requests in flight between them, the
-    owner's forwards waiting ``table``'s time."""
+    owner's forwards waiting ``table``'s time (on an engine thread with ``overlap``)."""
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/owner.sock"
         owner = subprocess.Popen(
@@ -192,6 +206,8 @@ def one_round(
                 endpoint,
                 "--table",
                 table,
+                "--overlap",
+                "on" if overlap else "off",
             ],
             cwd=ROOT,
             stdin=subprocess.PIPE,
@@ -266,13 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         default="zero",
         help="the owner's forwards wait this table's time (table:a30, table:a100), or none (zero)",
     )
+    parser.add_argument(
+        "--overlap",
+        default="off",
+        choices=tuple(OVERLAP),
+        help="the owner's forwards on an engine thread (overlap_forwards); both: alternating",
+    )
     parser.add_argument("--serve", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--scheduler-thread", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--feed", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.table)
+        serve(args.serve, args.table, args.overlap == "on")
         return 0
     if args.feed:
         print(
@@ -288,20 +310,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(n) for n in args.rows_per_request.split(",")]
     print(
-        "| rows per request | feeders | round | rows/s | owner CPU (share of its core) "
+        "| rows per request | feeders | overlap | round | rows/s | owner CPU (share of its core) "
         "| its scheduler thread | feeders' CPU | rows per owner CPU-second |\n"
-        "|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     for n in sizes:
         for feeders in (int(f) for f in args.feeders.split(",")):
             for r in range(args.rounds):
-                got = one_round(n, args.clients, args.seconds, feeders, args.table)
-                print(
-                    f"| {n} | {feeders} | {r + 1} | {got.rows_per_s:.0f} | {got.owner_share:.0%} "
-                    f"| {got.scheduler_share:.0%} | {got.feeder_share:.0%} "
-                    f"| {got.rows_per_s / max(got.owner_share, 1e-9):.0f} |",
-                    flush=True,
-                )
+                for overlap in OVERLAP[args.overlap] if r % 2 == 0 else OVERLAP[args.overlap][::-1]:
+                    got = one_round(n, args.clients, args.seconds, feeders, args.table, overlap)
+                    print(
+                        f"| {n} | {feeders} | {'on' if overlap else 'off'} | {r + 1} "
+                        f"| {got.rows_per_s:.0f} | {got.owner_share:.0%} "
+                        f"| {got.scheduler_share:.0%} | {got.feeder_share:.0%} "
+                        f"| {got.rows_per_s / max(got.owner_share, 1e-9):.0f} |",
+                        flush=True,
+                    )
     return 0
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from python_backend.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.cost_models import CostModel
-from python_backend.engines.base import BucketLayout, Engine, run_rows
+from python_backend.engines.base import BucketLayout, Engine, pad_rows, run_rows
 from python_backend.fair_queue import FairQueue
 from python_backend.planner import (
     PLANNERS,
@@ -246,6 +246,57 @@ def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
     return later
 
 
+@dataclass(eq=False, slots=True)
+class _Ran:
+    """A forward the engine thread ran: its outputs, or the error it raised, and its time."""
+
+    forward: Forward
+    outputs: np.ndarray | None
+    error: Exception | None
+    seconds: float
+
+
+class _EngineThread:
+    """The engine's forwards on a thread of their own, one at a time (``Scheduler(overlap=True)``):
+    while one runs, the scheduler thread scatters and answers the one before it and pads the one
+    after it. It pays where a forward releases the GIL while it waits (a GPU's); ONNX Runtime on
+    the same cores gains nothing from it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._jobs: queue.SimpleQueue[tuple[Forward, np.ndarray, np.ndarray] | None] = (
+            queue.SimpleQueue()
+        )
+        self._ran: queue.SimpleQueue[_Ran] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> None:
+        self._jobs.put((forward, ids, mask))
+
+    def wait(self) -> _Ran:
+        """The forward submitted last, once it has run."""
+        return self._ran.get()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            forward, ids, mask = job
+            started = time.perf_counter()
+            try:
+                outputs = self._engine.run(ids, mask)
+                if outputs.shape[0] != len(forward.rows):
+                    raise RuntimeError(
+                        f"engine returned {outputs.shape[0]} rows for {len(forward.rows)}"
+                    )
+                ran = _Ran(forward, outputs, None, time.perf_counter() - started)
+            except Exception as err:  # the scheduler thread splits and retries it
+                ran = _Ran(forward, None, err, time.perf_counter() - started)
+            self._ran.put(ran)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -257,6 +308,7 @@ class Scheduler:
         policy: Policy | str = "dp",
         metrics: SchedulerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        overlap: bool = False,
     ) -> None:
         self.engine = engine
         self.layout: BucketLayout = engine.layout.capped(max_batch)
@@ -282,6 +334,13 @@ class Scheduler:
         self._outbox: queue.SimpleQueue[tuple[Admitted, Outcome] | None] | None = None
         self._outbox_lock = threading.Lock()
         self._responder: threading.Thread | None = None
+        # overlap: forwards run on an engine thread, one ahead of the scheduler thread's own
+        # work on them; the one in flight is settled before anything is queued again and before
+        # a step ends, so no row is ever both in flight and queued
+        self._overlap = overlap
+        self._engine_thread: _EngineThread | None = None
+        self._in_flight: Forward | None = None
+        self._settling = False  # a failed forward's parts run one at a time
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -328,9 +387,11 @@ class Scheduler:
         collection.sort(key=lambda owner: owner.arrival)
         return collection
 
-    def step(self, now: float | None = None) -> list[Forward]:
+    def step(self, now: float | None = None, finish_last: bool = True) -> list[Forward]:
         """One step: take, admit, plan, then execute and complete each forward, oldest first.
-        Returns the forwards planned. Never raises: an internal error fails its requests."""
+        Returns the forwards planned. Never raises: an internal error fails its requests.
+        With ``overlap`` and not ``finish_last`` (the scheduler thread's loop), the last forward
+        may still be in flight when it returns: the next step is planned while it runs."""
         collection = self.take()
         if not collection:
             return []
@@ -343,10 +404,14 @@ class Scheduler:
                     # a client with no rows left in this step sent more: the rest waits for the
                     # next step, where the queue's shares include it, after this forward, not
                     # after every forward this step planned
+                    self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]
+            if finish_last:
+                self.settle()
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
+            self._settle_after_error(err)
             for owner in collection:
                 self._finish(
                     owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
@@ -372,6 +437,7 @@ class Scheduler:
         decision = self.policy.plan(seen, now, self.layout, self.cost)
         self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
+            self.settle()  # nothing goes back in the queue while rows are in flight
             self._requeue(rows, decision.waiting, decision.wake_at)
         forwards = [self._forward(t, [rows[i] for i in members]) for t, members in decision.groups]
         # clients sharing the step: a forward holding a row of a client with few rows in it runs
@@ -390,7 +456,12 @@ class Scheduler:
         )
 
     def run(self, forward: Forward) -> None:
-        """Executes one forward and completes it; on failure, splits it and runs the parts."""
+        """Executes one forward and completes it; on failure, splits it and runs the parts.
+        With ``overlap``, hands it to the engine thread and settles the one before it meanwhile:
+        it completes by the next ``run`` or ``settle``."""
+        if self._overlap and not self._settling:
+            self._run_overlapped(forward)
+            return
         forward = self._without_unwanted(forward)
         if not forward.rows:
             return
@@ -412,9 +483,86 @@ class Scheduler:
         self.complete(forward, outputs)
 
     def execute(self, forward: Forward) -> np.ndarray:
-        """Pads the forward's rows to its length and runs the engine: [rows, D] float32."""
+        """Pads the forward's rows to its length and runs the engine: [rows, D] float32 (with
+        ``overlap``, on the engine thread, which is idle then)."""
         rows = [row.ids for row in forward.rows]
-        return run_rows(self.engine, rows, forward.padded_length, self.pad_token_id)
+        if self._engine_thread is None:
+            return run_rows(self.engine, rows, forward.padded_length, self.pad_token_id)
+        self._engine_thread.submit(
+            forward, *pad_rows(rows, forward.padded_length, self.pad_token_id)
+        )
+        ran = self._engine_thread.wait()
+        if ran.error is not None:
+            raise ran.error
+        assert ran.outputs is not None
+        return ran.outputs
+
+    def _run_overlapped(self, forward: Forward) -> None:
+        # padded while the forward before it runs
+        inputs = pad_rows([r.ids for r in forward.rows], forward.padded_length, self.pad_token_id)
+        ran = self._wait_in_flight()
+        if ran is not None and ran.error is not None:
+            self._settle(ran)  # its parts first, one at a time, before anything else runs
+            ran = None
+        # the hand-off: rows cancelled or past their deadline are dropped before their forward
+        kept = self._without_unwanted(forward)
+        if len(kept.rows) != len(forward.rows):
+            forward = kept
+            rows = [row.ids for row in forward.rows]
+            inputs = pad_rows(rows, forward.padded_length, self.pad_token_id)
+        if forward.rows:
+            now = self.clock()
+            for row in forward.rows:
+                if row.owner.started_at is None:
+                    row.owner.started_at = now
+            if self._engine_thread is None:
+                self._engine_thread = _EngineThread(self.engine)
+            self._engine_thread.submit(forward, *inputs)
+            self._in_flight = forward
+        if ran is not None:
+            self._settle(ran)  # while the next one runs
+
+    def settle(self) -> None:
+        """Completes the forward in flight (``overlap``), if any: waits for it."""
+        ran = self._wait_in_flight()
+        if ran is not None:
+            self._settle(ran)
+
+    def _wait_in_flight(self) -> _Ran | None:
+        if self._in_flight is None:
+            return None
+        assert self._engine_thread is not None
+        self._in_flight = None
+        return self._engine_thread.wait()
+
+    def _settle(self, ran: _Ran) -> None:
+        if ran.error is not None:
+            self._settling = True
+            try:
+                self._split_and_retry(ran.forward, ran.error)
+            finally:
+                self._settling = False
+            return
+        assert ran.outputs is not None
+        forward = ran.forward
+        real_tokens = sum(row.num_tokens for row in forward.rows)
+        self.metrics.forward(forward.padded_length, len(forward.rows), real_tokens, ran.seconds)
+        self.metrics.flush_if_due()
+        self.complete(forward, ran.outputs)
+
+    def _settle_after_error(self, err: Exception) -> None:
+        """After an internal error: the forward in flight (this step's or the one before's)
+        still completes; if that fails too, its requests are answered by the error."""
+        ran = self._wait_in_flight()
+        if ran is None:
+            return
+        try:
+            self._settle(ran)
+        except Exception:
+            for row in ran.forward.rows:
+                self._finish(
+                    row.owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
+                )
 
     def complete(self, forward: Forward, outputs: np.ndarray) -> None:
         """Scatters a forward's outputs to their requests; answers each one now complete."""
@@ -452,6 +600,11 @@ class Scheduler:
         self._thread.start()
 
     @property
+    def overlaps(self) -> bool:
+        """Whether forwards run on an engine thread, one ahead (``overlap``)."""
+        return self._overlap
+
+    @property
     def thread_id(self) -> int | None:
         """The scheduler thread's id in the OS (its CPU is what runs between forwards), once
         started."""
@@ -480,6 +633,10 @@ class Scheduler:
                 outbox.put(None)  # after every answer queued before it
         if self._responder is not None:
             self._responder.join(max(0.0, deadline - time.monotonic()))
+        if self._engine_thread is not None and not (
+            self._thread is not None and self._thread.is_alive()
+        ):
+            self._engine_thread.close()
         return not (
             (self._thread is not None and self._thread.is_alive())
             or (self._responder is not None and self._responder.is_alive())
@@ -487,6 +644,11 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
+            if self._in_flight is not None:
+                with self._cond:
+                    idle = not self._queue
+                if idle:  # nothing to plan while it runs: its answers go now
+                    self.settle()
             with self._cond:
                 if not self._queue and not self._stop:
                     # idle: wake now and then, so metrics recorded meanwhile (refusals in
@@ -497,8 +659,9 @@ class Scheduler:
                 )
                 stopping = self._stop
             if has_work:
-                self.step()
+                self.step(finish_last=False)
                 continue
+            self.settle()  # before stopping, or sleeping until a waiting policy is due
             # outside the lock, so submit never waits on it; when due only, so a request
             # arriving right after a forward does not wait on a flush either
             if stopping and not self._queue:

@@ -34,6 +34,16 @@ from python_backend.values import (
     parse_bool,
 )
 
+OVERLAP_FORWARDS = ("auto", "on", "off")
+
+
+def overlaps_forwards(setting: str, runs_on_gpu: bool) -> bool:
+    """Whether forwards run on an engine thread (``Scheduler(overlap=True)``): it pays where a
+    forward waits on a GPU with the GIL released; ONNX Runtime on the CPU takes the cores the
+    overlap would use."""
+    return setting == "on" or (setting == "auto" and runs_on_gpu)
+
+
 # a setting's bad value fails model load with the setting named
 SettingsError = BadValue
 
@@ -74,6 +84,12 @@ class Settings:
         "each front, queue owner and GPU instance on a core of its own: `on`, `off`, or `auto` "
         "(where the server has cores of its own: a cpuset); an engine that computes on the CPU "
         "keeps every core",
+    )
+    overlap_forwards: str = _setting(
+        "auto",
+        one_of(OVERLAP_FORWARDS),
+        "forwards on an engine thread, the next planned and padded and the last answered while "
+        "one runs: `on`, `off`, or `auto` (on where the engine runs on a GPU)",
     )
 
 

@@ -47,7 +47,7 @@ from python_backend.faults import FaultInjectingEngine, load_fault_spec
 from python_backend.manifest import Manifest, load_manifest
 from python_backend.metrics import TritonMetrics
 from python_backend.scheduler import Answer, Outcome, Request, Scheduler
-from python_backend.settings import Settings, settings_from_parameters
+from python_backend.settings import Settings, overlaps_forwards, settings_from_parameters
 from python_backend.stub_python import match_extension_modules
 from python_backend.tokenization import TextTokenizer
 
@@ -213,6 +213,7 @@ def planner_scheduler(
         max_queue_rows=settings.max_queue_rows,
         policy=settings.planner,
         metrics=metrics,
+        overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
     )
     return scheduler, cost
 

@@ -137,7 +137,14 @@ def test_the_owners_share_in_series_is_checked_both_ways():
     (one,) = [line for line in text.splitlines() if line.startswith("| 1 |")]
     cells = [c.strip() for c in one.split("|")[1:-1]]
     assert cells[:5] == ["1", "256", "10,000, 12,000", "11,000", "40 (10)"]
-    low, high = (float(c.split(" (")[0].replace(",", "")) for c in cells[5:])
+    low, high = (float(c.split(" (")[0].replace(",", "")) for c in cells[5:7])
+    assert cells[7] == "not measured"
     # less in series with the forwards: more served
     assert low < high
     assert owner_in_series({}, LENGTHS) == ""
+    # with the overlap measured beside: its rounds and their mean over the served mean
+    runs["overlap_rows_per_s"] = [12_100.0, 14_300.0]
+    (one,) = [
+        line for line in owner_in_series(data, LENGTHS).splitlines() if line.startswith("| 1 |")
+    ]
+    assert one.split("|")[-2].strip() == "12,100, 14,300; 1.20x"

@@ -237,6 +237,33 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
     assert wired.decoder.limits.pairs
 
 
+@pytest.mark.parametrize(
+    ("engine_kind", "setting", "overlaps"),
+    [
+        ("onnxruntime", "auto", False),  # its forwards take the cores the overlap would use
+        ("tensorrt", "auto", True),
+        ("tensorrt", "off", False),
+        ("onnxruntime", "on", True),
+    ],
+)
+def test_forwards_overlap_where_the_engine_runs_on_a_gpu_or_where_asked(
+    pb, tmp_path, engine_kind, setting, overlaps
+):
+    from python_backend.triton_model import InstanceArgs, wire
+
+    shutil.copy(default_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+    engine = FakeChecksumEngine(layout(max_length=64))
+    manifest = manifest_for(
+        engine.layout,
+        engine_kind=engine_kind,
+        engine_version="10" if engine_kind == "tensorrt" else "",
+    )
+    instance = InstanceArgs(
+        "m", "m_0_0", tmp_path, 0, 64, {"overlap_forwards": {"string_value": setting}}
+    )
+    assert wire(instance, manifest, engine, None).scheduler.overlaps is overlaps
+
+
 class DeclaredOnly:
     """A tensor as the stub hands it over: its declared shape, and data that must not be read."""
 
