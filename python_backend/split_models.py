@@ -161,7 +161,9 @@ class OwnerModel(EngineHost):
         self.owner.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: queue owner of {served} at {endpoint}: "
-            + self.engine_line(manifest, instance.device_id, settings.planner, cost)
+            + self.engine_line(
+                manifest, instance.device_id, settings.planner, cost, scheduler.overlaps
+            )
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:

@@ -314,12 +314,15 @@ class EngineHost:
         self.engine = engine
         return engine
 
-    def engine_line(self, manifest: Manifest, device_id: int, planner: str, cost: Any) -> str:
+    def engine_line(
+        self, manifest: Manifest, device_id: int, planner: str, cost: Any, overlap: bool
+    ) -> str:
         """The log line that says what this instance serves with."""
         return (
             f"{manifest.engine_kind} engine"
             + (f" on GPU {device_id}" if manifest.runs_on_gpu else "")
             + f", buckets {[b.length for b in manifest.buckets]}, planner {planner}, cost {cost}"
+            + (", forwards on an engine thread (overlap_forwards)" if overlap else "")
         )
 
     def close_engine(self, drained: bool) -> None:
@@ -354,7 +357,13 @@ class TritonPythonModel(EngineHost):
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.instance_name}: "
-            + self.engine_line(manifest, instance.device_id, self.settings.planner, wiring.cost)
+            + self.engine_line(
+                manifest,
+                instance.device_id,
+                self.settings.planner,
+                wiring.cost,
+                wiring.scheduler.overlaps,
+            )
         )
 
     def execute(self, requests: list[Any]) -> None:

@@ -139,3 +139,45 @@ def test_pinned_fronts_and_owners_run_on_cores_of_their_own(repository, tmp_path
         assert cores["gpu_like_owner"] == {order[-1]}, cores
     assert cores["on_cpu_owner"] == allowed and cores["on_cpu"] == allowed, cores
     assert pinned_tokens.tolist() == tokens.tolist()
+
+
+def test_an_owner_with_overlapped_forwards_answers_every_row_as_the_reference(
+    repository, tmp_path, tokenizer, reference_model
+):
+    """overlap_forwards on (the default only where the engine runs on a GPU): the owner's ONNX
+    Runtime forwards run on its engine thread, and every request still gets its own rows."""
+    from builder.triton_config import add_split_variant
+    from tools.triton_server import TritonServer
+
+    own = tmp_path / "repository"
+    own.mkdir()
+    (own / "minilm").symlink_to(repository / "minilm", target_is_directory=True)
+    add_split_variant(own, "minilm", "overlapped", fronts=1, parameters={"overlap_forwards": "on"})
+    texts = corpus_rows(120, seed=31)
+    ids = tokenizer.encode(texts, truncate=True)
+    expected = reference_model(ids)
+    spans = request_spans(len(texts), seed=5)
+    server = TritonServer.loading_only(
+        own, ("overlapped", "overlapped_owner"), tmp_path / "triton.log"
+    )
+    server.start()
+    try:
+        server.wait_ready(180)
+
+        def send(k: int):
+            a, b = spans[k]
+            protocol = PROTOCOLS[k % 2]
+            return k, infer(
+                client(server, protocol), "overlapped", text_inputs(protocol, texts[a:b])
+            )
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(send, range(len(spans))))
+        log = (tmp_path / "triton.log").read_text()
+    finally:
+        server.stop()
+    for k, (embedding, tokens) in results:
+        a, b = spans[k]
+        assert tokens[:, 0].tolist() == [len(r) for r in ids[a:b]]
+        assert np.abs(embedding - expected[a:b]).max() <= TOLERANCE, f"request {k} got other rows"
+    assert "forwards on an engine thread (overlap_forwards)" in log
