@@ -35,6 +35,7 @@ docs/PERFORMANCE.md, with docs/cpu_model.png.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -45,11 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cost_tables import cost_table, gpu_table, read_lengths, slowed_table
+from bench.cost_tables import CostTable, cost_table, gpu_table, read_lengths, slowed_table
 from bench.docs import save_figure, write_section
 from bench.errors import BenchError, reports_errors
 from bench.paths import LENGTHS, ROOT
-from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, cpu_ceilings, predict
+from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, Served, cpu_ceilings, predict
 from builder.cores import default_fronts
 
 COSTS_FILE = ROOT / "bench" / "data" / "cpu_costs.json"
@@ -370,6 +371,19 @@ def node_costs(
     return replace(costs, us=us, in_series_us=series)
 
 
+def node_ceiling(
+    lengths: list[int],
+    table: CostTable,
+    cores: int,
+    costs: CpuCosts,
+    rows: int,
+    layout: Layout,
+    policy: str = "dp",
+) -> Served:
+    """What the node's clients (``NODE_CLIENTS``) in requests of ``rows`` rows get."""
+    return predict(lengths, table, costs, cores, rows, layout, policy, clients=NODE_CLIENTS[rows])
+
+
 def node_predictions(
     lengths: list[int], data: dict, cores: int
 ) -> tuple[str, list[dict[str, object]]]:
@@ -385,6 +399,8 @@ def node_predictions(
     lines = []
     for gpu in ("a100", "a30"):
         table = gpu_table(gpu)
+        # the node's ceiling on this GPU's table, its clients at that size of request
+        on_node = functools.partial(node_ceiling, lengths, table, cores)
         lines += [
             f"**{gpu.upper()}, {cores} cores, one GPU** (forward times derived from NVIDIA's "
             "published TensorRT BERT latencies scaled to MiniLM, not measured on a GPU; CPU "
@@ -418,15 +434,7 @@ def node_predictions(
             row = f"| {layout.label()} |"
             for pinned in pins:
                 one, many = (
-                    predict(
-                        lengths,
-                        table,
-                        node_costs(data, layout, r, pinned=pinned),
-                        cores,
-                        r,
-                        layout,
-                        clients=NODE_CLIENTS[r],
-                    )
+                    on_node(node_costs(data, layout, r, pinned=pinned), r, layout)
                     for r in NODE_ROWS
                 )
                 point |= {
@@ -450,58 +458,29 @@ def node_predictions(
         peer = peer_of(False)
         triton_us = peer.of("triton")
         allowed = min(cores / (triton_us * 1e-6), peer.triton_ceiling_per_s)
-        engine = predict(
-            lengths,
-            table,
-            CpuCosts({}, 0.0),
-            cores,
-            64,
-            Layout(peer=True),
-            clients=NODE_CLIENTS[64],
-        )
+        engine = on_node(CpuCosts({}, 0.0), 64, Layout(peer=True))
         best = default_fronts(True, cores, (0,), 1)
         chosen = Layout(fronts=best)
 
         compared = {
-            (name, rows, pinned): predict(
-                lengths,
-                table,
+            (name, rows, pinned): on_node(
                 peer_of(pinned)
                 if name == "peer"
                 else node_costs(data, chosen, rows, pinned=pinned),
-                cores,
                 rows,
                 Layout(peer=True) if name == "peer" else chosen,
                 "dynamic_batcher" if name == "peer" else name,
-                clients=NODE_CLIENTS[rows],
             )
             for name in ("dp", "per_bucket", "peer")
             for rows in NODE_ROWS
             for pinned in pins
         }
         contended = [
-            predict(
-                lengths,
-                table,
-                node_costs(data, chosen, r, owner_alone=False),
-                cores,
-                r,
-                chosen,
-                clients=NODE_CLIENTS[r],
-            )
-            for r in NODE_ROWS
+            on_node(node_costs(data, chosen, r, owner_alone=False), r, chosen) for r in NODE_ROWS
         ]
         scheduler_only = (
             [
-                predict(
-                    lengths,
-                    table,
-                    node_costs(data, chosen, r, scheduler_in_series=True),
-                    cores,
-                    r,
-                    chosen,
-                    clients=NODE_CLIENTS[r],
-                )
+                on_node(node_costs(data, chosen, r, scheduler_in_series=True), r, chosen)
                 for r in NODE_ROWS
             ]
             if "owner_alone_scheduler_us" in data

@@ -30,7 +30,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -80,9 +79,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def thread_cpu_seconds(pid: int, thread_id: int) -> float:
-    """User plus system CPU seconds of one thread of a process."""
-    fields = Path(f"/proc/{pid}/task/{thread_id}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU seconds of one thread of a process (psutil, as ``cpu_seconds``)."""
+    times = next(t for t in psutil.Process(pid).threads() if t.id == thread_id)
+    return times.user_time + times.system_time
 
 
 def serve(endpoint: str, table: str, overlap: bool = False) -> None:
