@@ -296,9 +296,11 @@ def validation(data: dict) -> str:
 
 
 def owner_in_series(data: dict, lengths: list[int]) -> str:
-    """The owner alone over the waiting engine (``measure-owner``), served beside what the
-    simulator predicts from the run's own costs with all of the owner's CPU in series with the
-    forwards (the node tables' assumption) and with its scheduler thread's alone."""
+    """The owner alone over the waiting engine (``measure-owner``), each way it runs its forwards
+    beside what the simulator predicts for it from the run's own costs: in line with the
+    scheduler thread (``overlap_forwards`` off), all of the owner's CPU in series with the
+    forwards; on an engine thread (on, the default where the engine runs on a GPU), its
+    scheduler thread's alone."""
     over = data.get("owner_over_table")
     if not over:
         return ""
@@ -309,17 +311,19 @@ def owner_in_series(data: dict, lengths: list[int]) -> str:
         f"alone (`measure-owner`: pinned to a core, 2 feeder processes as fronts on the other) "
         f"over an engine whose forwards wait the {over['table']} table's time (derived, not a "
         f"GPU; each wait here {overshoot_us:.0f} us longer than asked, given to the simulator "
-        "too), at the node's clients, predicted from each run's own CPU per request:",
+        "too), at the node's clients, its forwards in line (`overlap_forwards` off) and on an "
+        "engine thread (on, the default where the engine runs on a GPU), in alternating rounds; "
+        "each predicted from the in-line runs' own CPU per request:",
         "",
-        "| rows per request | clients | served rows/s (each round) | served, mean | owner's CPU a request (its scheduler thread's) | predicted, all of the owner in series (/ served) | predicted, its scheduler thread alone (/ served) | served with `overlap_forwards` (each round; mean / served) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rows per request | clients | owner's CPU a request (its scheduler thread's) | overlap off: served rows/s (each round) | mean | predicted, all of the owner in series (/ served) | overlap on: served rows/s (each round) | mean (/ off) | predicted, its scheduler thread in series (/ served) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for rows in OWNER_ROWS:
         runs = over["runs"][str(rows)]
         served = float(np.mean(runs["rows_per_s"]))
         owner, scheduler = (float(np.mean(runs[k])) for k in ("owner_us", "scheduler_us"))
         clients = int(over["clients"][str(rows)])
-        low, high = (
+        in_line, overlapped = (
             predict(
                 lengths,
                 table,
@@ -332,17 +336,18 @@ def owner_in_series(data: dict, lengths: list[int]) -> str:
             for series in (owner, scheduler)
         )
         each = ", ".join(f"{x:,.0f}" for x in runs["rows_per_s"])
-        overlapped = runs.get("overlap_rows_per_s")
-        with_overlap = (
-            ", ".join(f"{x:,.0f}" for x in overlapped)
-            + f"; {float(np.mean(overlapped)) / served:.2f}x"
-            if overlapped
-            else "not measured"
-        )
+        if runs.get("overlap_rows_per_s"):
+            served_on = float(np.mean(runs["overlap_rows_per_s"]))
+            on = (
+                ", ".join(f"{x:,.0f}" for x in runs["overlap_rows_per_s"])
+                + f" | {served_on:,.0f} ({served_on / served:.2f}x) | "
+                f"{overlapped:,.0f} ({overlapped / served_on:.2f})"
+            )
+        else:
+            on = f"not measured | | {overlapped:,.0f}"
         lines.append(
-            f"| {rows} | {clients} | {each} | {served:,.0f} | {owner:.0f} ({scheduler:.0f}) | "
-            f"{low:,.0f} ({low / served:.2f}) | {high:,.0f} ({high / served:.2f}) | "
-            f"{with_overlap} |"
+            f"| {rows} | {clients} | {owner:.0f} ({scheduler:.0f}) | {each} | {served:,.0f} | "
+            f"{in_line:,.0f} ({in_line / served:.2f}) | {on} |"
         )
     return "\n".join(lines)
 
@@ -353,21 +358,22 @@ def node_costs(
     rows: int,
     owner_alone: bool = True,
     pinned: bool = False,
-    scheduler_in_series: bool = False,
+    overlap: bool = True,
 ) -> CpuCosts:
     """A served node's costs: no client on its cores; K > 2 fronts cost as 2 did (extrapolated);
     the owner at its cost alone on a core of its own (``measure-owner``, pinned there either
     way), or as served on this machine's shared cores; ``pinned``: the costs measured with the
-    processes pinned. In series with the forwards: all of the owner's CPU (a lower estimate of
-    what it serves), or with ``scheduler_in_series`` its scheduler thread's alone (an upper
-    one: the owner's socket thread runs while a forward waits)."""
+    processes pinned. In series with the forwards: with ``overlap`` (``overlap_forwards``, the
+    default where the engine runs on a GPU) the owner's scheduler thread's CPU, what the owner
+    alone served with it (``owner_in_series``); without, all of the owner's (a lower estimate
+    of what it serves in line: its socket thread runs while a forward waits)."""
     fronts = min(layout.fronts, 2) if layout.fronts else 0
     costs = costs_of(data["points"], fronts, rows, pinned).without_client()
     alone = data.get("owner_alone_us", {}).get(str(rows))
     if not owner_alone or alone is None:
         return costs
     us = {**costs.us, "owner": alone} if "owner" in costs.us else costs.us
-    series = data["owner_alone_scheduler_us"][str(rows)] if scheduler_in_series else alone
+    series = data["owner_alone_scheduler_us"][str(rows)] if overlap else alone
     return replace(costs, us=us, in_series_us=series)
 
 
@@ -405,7 +411,9 @@ def node_predictions(
             f"**{gpu.upper()}, {cores} cores, one GPU** (forward times derived from NVIDIA's "
             "published TensorRT BERT latencies scaled to MiniLM, not measured on a GPU; CPU "
             "costs measured here, the owner's alone on a core of its own; costs of more than 2 "
-            "fronts extrapolated from 2; no client on these cores"
+            "fronts extrapolated from 2; no client on these cores; `overlap_forwards` on, the "
+            "default where the engine runs on a GPU: the owner's scheduler thread's CPU in "
+            "series with the forwards"
             + (
                 "; pinned: the same from the costs measured pinned (`pin_cores`)"
                 if pinned_too
@@ -478,14 +486,9 @@ def node_predictions(
         contended = [
             on_node(node_costs(data, chosen, r, owner_alone=False), r, chosen) for r in NODE_ROWS
         ]
-        scheduler_only = (
-            [
-                on_node(node_costs(data, chosen, r, scheduler_in_series=True), r, chosen)
-                for r in NODE_ROWS
-            ]
-            if "owner_alone_scheduler_us" in data
-            else []
-        )
+        in_line = [
+            on_node(node_costs(data, chosen, r, overlap=False), r, chosen) for r in NODE_ROWS
+        ]
         mine = [p for p in plotted if p["gpu"] == gpu]
         ours = {
             pinned: max(float(p[pinned_key("one_row", pinned)]) for p in mine)  # type: ignore[arg-type]
@@ -516,18 +519,12 @@ def node_predictions(
             f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), the default "
             f"{best} fronts serve {contended[0].rows_per_s:,.0f} and {contended[1].rows_per_s:,.0f}"
             " rows/s (unpinned): the owner's own core is what the split needs most.",
-            *(
-                [
-                    f"- With only the owner's scheduler thread in series with the forwards ("
-                    f"{node_costs(data, chosen, 1, scheduler_in_series=True).in_series_us:.0f} of "
-                    f"its {node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), "
-                    f"the default {best} fronts serve {scheduler_only[0].rows_per_s:,.0f} and "
-                    f"{scheduler_only[1].rows_per_s:,.0f} rows/s (unpinned): the upper end of "
-                    "what the owner alone served between (the check above).",
-                ]
-                if scheduler_only
-                else []
-            ),
+            f"- With `overlap_forwards` off (all of the owner's "
+            f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request in series with "
+            f"the forwards, not only its scheduler thread's "
+            f"{node_costs(data, chosen, 1).in_series_us:.0f}), the default {best} fronts serve "
+            f"{in_line[0].rows_per_s:,.0f} and {in_line[1].rows_per_s:,.0f} rows/s (unpinned): "
+            "a lower estimate (the check above).",
             "",
             f"The planner and the peer at the same loads, the default {best} fronts (the peer: "
             "Triton's dynamic batcher in front of its C++ TensorRT backend, whose only CPU is "
@@ -701,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
         "fronts, the queue owner (its transport included) and, here, the client; each front "
         "bounded by its serial time per request; the owner's CPU in series with the GPU's "
-        "forwards, which the simulator steps through the project's own scheduler.\n\n"
+        "forwards (with `overlap_forwards`, its scheduler thread's), which the simulator steps "
+        "through the project's own scheduler.\n\n"
         + table
         + "\n\n"
         + (owner + "\n\n" if owner else "")
@@ -709,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
         + "\nWhere the GPU binds, its ceiling is what the simulated engine serves to the node's "
         "clients in a closed loop (256 one-row clients, 16 of 64-row requests; each of today's "
         "N instances gets 1/N of them), all of them waiting in the owner's queue (the time "
-        "each spends in the fronts left out), the owner's CPU in series with each forward. "
+        "each spends in the fronts left out), the owner's scheduler thread's CPU in series "
+        "with each forward. "
         "Rows per forward, where the CPU binds, are those of an open loop at the CPU's rate.\n"
         + "\n![predicted rows/s against fronts per GPU](cpu_model.png)\n"
     )

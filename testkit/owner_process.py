@@ -1,6 +1,7 @@
 """A queue owner over the fake engine, in a process of its own (the owner's failure tests kill
-it). Run as ``python -m testkit.owner_process ENDPOINT [--blocked]``: ``--blocked`` holds every
-forward until the process is killed, so requests stay in flight."""
+it). Run as ``python -m testkit.owner_process ENDPOINT [--blocked] [--overlap]``: ``--blocked``
+holds every forward until the process is killed, so requests stay in flight; ``--overlap`` runs
+its forwards on an engine thread (``overlap_forwards``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ from testkit.fake_engine import FakeChecksumEngine, layout
 
 
 def fake_owner(
-    endpoint: str, gate: threading.Event | None = None, front_silent_s: float | None = None
+    endpoint: str,
+    gate: threading.Event | None = None,
+    front_silent_s: float | None = None,
+    overlap: bool = False,
 ) -> QueueOwner:
-    """A queue owner (not started) over a fake engine of buckets 16, 32, 64 and 8 rows each."""
+    """A queue owner (not started) over a fake engine of buckets 16, 32, 64 and 8 rows each; its
+    forwards on an engine thread with ``overlap``."""
     engine = FakeChecksumEngine(layout(), gate=gate)
-    scheduler = Scheduler(engine, 0, LinearCost(16), max_batch=8, max_queue_rows=1000)
+    scheduler = Scheduler(
+        engine, 0, LinearCost(16), max_batch=8, max_queue_rows=1000, overlap=overlap
+    )
     return QueueOwner(
         scheduler,
         endpoint,
@@ -32,9 +39,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("endpoint")
     parser.add_argument("--blocked", action="store_true")
+    parser.add_argument("--overlap", action="store_true")
     args = parser.parse_args()
     gate = threading.Event() if args.blocked else None
-    owner = fake_owner(args.endpoint, gate)
+    owner = fake_owner(args.endpoint, gate, overlap=args.overlap)
     owner.start()
     print("ready", flush=True)
     stopped = threading.Event()

@@ -39,11 +39,16 @@ class InFlight:
 
     def _send(self, stack, rows, protocol) -> None:
         started = time.monotonic()
+        # closed on the thread that made it: the HTTP client's gevent pool, collected on
+        # another thread, raises from its __del__
+        sender = client(stack, protocol)
         try:
-            infer(client(stack, protocol), MODEL, text_inputs(protocol, rows))
+            infer(sender, MODEL, text_inputs(protocol, rows))
             self.outcomes.append(("answered", time.monotonic() - started))
         except Exception as err:
             self.outcomes.append((err, time.monotonic() - started))
+        finally:
+            sender.close()
 
     def join(self, timeout_s: float) -> None:
         for t in self.threads:

@@ -133,18 +133,28 @@ def test_the_owners_share_in_series_is_checked_both_ways():
             },
         }
     }
-    text = owner_in_series(data, LENGTHS)
-    (one,) = [line for line in text.splitlines() if line.startswith("| 1 |")]
-    cells = [c.strip() for c in one.split("|")[1:-1]]
-    assert cells[:5] == ["1", "256", "10,000, 12,000", "11,000", "40 (10)"]
-    low, high = (float(c.split(" (")[0].replace(",", "")) for c in cells[5:7])
-    assert cells[7] == "not measured"
+
+    def row_of_one() -> list[str]:
+        text = owner_in_series(data, LENGTHS)
+        (one,) = [line for line in text.splitlines() if line.startswith("| 1 |")]
+        return [c.strip() for c in one.split("|")[1:-1]]
+
+    def figure(cell: str) -> float:
+        return float(cell.split(" (")[0].replace(",", ""))
+
+    cells = row_of_one()
+    assert cells[:5] == ["1", "256", "40 (10)", "10,000, 12,000", "11,000"]
+    # each prediction over what it predicts: in line over the served mean
+    in_line = figure(cells[5])
+    assert cells[5].endswith(f"({in_line / 11_000:.2f})")
+    assert cells[6] == "not measured" and cells[7] == ""
     # less in series with the forwards: more served
-    assert low < high
+    overlapped = figure(cells[8])
+    assert in_line < overlapped
     assert owner_in_series({}, LENGTHS) == ""
-    # with the overlap measured beside: its rounds and their mean over the served mean
+    # with the overlap measured beside: its rounds, their mean over the in-line mean, and the
+    # overlapped prediction over the overlapped mean
     runs["overlap_rows_per_s"] = [12_100.0, 14_300.0]
-    (one,) = [
-        line for line in owner_in_series(data, LENGTHS).splitlines() if line.startswith("| 1 |")
-    ]
-    assert one.split("|")[-2].strip() == "12,100, 14,300; 1.20x"
+    cells = row_of_one()
+    assert cells[6:8] == ["12,100, 14,300", "13,200 (1.20x)"]
+    assert cells[8] == f"{overlapped:,.0f} ({overlapped / 13_200:.2f})"

@@ -171,10 +171,11 @@ def test_a_cancelled_request_is_dropped_before_its_forward_and_a_deadline_holds(
         owner.stop(5.0)
 
 
-def start_owner_process(endpoint: str, blocked: bool) -> subprocess.Popen:
+def start_owner_process(endpoint: str, blocked: bool, overlap: bool = False) -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "testkit.owner_process", endpoint]
-        + (["--blocked"] if blocked else []),
+        + (["--blocked"] if blocked else [])
+        + (["--overlap"] if overlap else []),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
