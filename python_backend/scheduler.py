@@ -41,7 +41,7 @@ import numpy as np
 
 from python_backend.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.cost_models import CostModel
-from python_backend.engines.base import BucketLayout, Engine, pad_rows, run_rows
+from python_backend.engines.base import BucketLayout, Engine, pad_rows, run_padded, run_rows
 from python_backend.fair_queue import FairQueue
 from python_backend.planner import (
     PLANNERS,
@@ -286,11 +286,7 @@ class _EngineThread:
             forward, ids, mask = job
             started = time.perf_counter()
             try:
-                outputs = self._engine.run(ids, mask)
-                if outputs.shape[0] != len(forward.rows):
-                    raise RuntimeError(
-                        f"engine returned {outputs.shape[0]} rows for {len(forward.rows)}"
-                    )
+                outputs = run_padded(self._engine, ids, mask)
                 ran = _Ran(forward, outputs, None, time.perf_counter() - started)
             except Exception as err:  # the scheduler thread splits and retries it
                 ran = _Ran(forward, None, err, time.perf_counter() - started)

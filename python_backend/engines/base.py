@@ -105,10 +105,14 @@ def run_rows(
     engine: Engine, rows: list[np.ndarray], padded_length: int, pad_token_id: int
 ) -> np.ndarray:
     """One forward of ``rows`` right-padded to ``padded_length``: [len(rows), D] float32."""
-    ids, mask = pad_rows(rows, padded_length, pad_token_id)
+    return run_padded(engine, *pad_rows(rows, padded_length, pad_token_id))
+
+
+def run_padded(engine: Engine, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """One forward of rows already padded (``pad_rows``), checked to answer every row."""
     out = engine.run(ids, mask)
-    if out.shape[0] != len(rows):
-        raise RuntimeError(f"engine returned {out.shape[0]} rows for {len(rows)}")
+    if out.shape[0] != ids.shape[0]:
+        raise RuntimeError(f"engine returned {out.shape[0]} rows for {ids.shape[0]}")
     return out
 
 

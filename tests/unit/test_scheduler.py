@@ -138,6 +138,25 @@ def test_a_row_that_fails_even_alone_fails_only_its_own_request():
     assert "row 0 (3 tokens) failed even alone" in str(error) and "engine fault" in str(error)
 
 
+def test_an_engine_that_answers_fewer_rows_than_it_was_given_mixes_up_no_answers():
+    engine = FakeChecksumEngine(layout(max_rows=8))
+    checked = engine.run
+
+    def one_short(input_ids, attention_mask):  # drops the last row of any forward of many
+        outputs = checked(input_ids, attention_mask)
+        return outputs[:-1] if len(outputs) > 1 else outputs
+
+    engine.run = one_short  # type: ignore[method-assign]
+    scheduler = scheduler_for(engine, overhead=10_000)  # one forward for every row at first
+    answers = Answers()
+    rng = np.random.default_rng(2)
+    requests = [make_rows(rng, 2, max_len=15) for _ in range(3)]
+    run_now(scheduler, [Request(rows, answers.responder(i)) for i, rows in enumerate(requests)])
+    assert engine.calls[0][0] == 6, "the first forward carried every row"
+    for i, rows in enumerate(requests):  # each row retried until it ran alone, none misplaced
+        assert_answer_matches(answers.by_request[i], rows)
+
+
 def test_a_full_queue_refuses_at_once_and_says_so():
     engine = FakeChecksumEngine(layout())
     scheduler = scheduler_for(engine, max_queue_rows=5)
