@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 import time
@@ -47,6 +48,47 @@ STAGE_BUCKETS_S = [
     0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
     5.0, 10.0, 30.0,
 ]  # fmt: skip
+
+
+class Histogram:
+    """A Prometheus histogram kept in this process and published as its own series, each a
+    counter: ``NAME_bucket`` (one per ``le``, cumulative, ``+Inf`` last), ``NAME_sum`` and
+    ``NAME_count``, which ``histogram_quantile`` reads as it reads a histogram's. Triton's own
+    histogram takes one ``observe`` per value, each a message from the stub to the server that
+    waits for its reply: two per request in a front and two in the owner. Published this way, a
+    flush sends at most one increment per series, however many values it carries."""
+
+    def __init__(
+        self, mf: Any, name: str, description: str, bounds: list[float], labels: dict[str, str]
+    ) -> None:
+        self.bounds = bounds
+        # Triton requires every MetricFamily to outlive its Metrics: the families are kept here
+        self._families = [
+            mf(name=f"{name}{suffix}", description=description, kind=mf.COUNTER)
+            for suffix in ("_bucket", "_sum", "_count")
+        ]
+        buckets, total, count = self._families
+        self._buckets = [
+            buckets.Metric(labels={**labels, "le": le})
+            for le in [f"{b:g}" for b in bounds] + ["+Inf"]
+        ]
+        self._sum = total.Metric(labels=labels)
+        self._count = count.Metric(labels=labels)
+
+    def publish(self, values: list[float]) -> None:
+        """Adds ``values`` (observed since the last publish) to the served series."""
+        if not values:
+            return
+        counts = [0] * (len(self.bounds) + 1)
+        for value in values:  # a value counts in the first bucket whose bound it does not pass
+            counts[bisect.bisect_left(self.bounds, value)] += 1
+        below = 0
+        for metric, count in zip(self._buckets, counts, strict=True):
+            below += count
+            if below:  # the buckets below the smallest value gain nothing
+                metric.increment(below)
+        self._sum.increment(sum(values))
+        self._count.increment(len(values))
 
 
 class TritonMetrics(SchedulerMetrics):
@@ -106,31 +148,23 @@ class TritonMetrics(SchedulerMetrics):
             kind=mf.COUNTER,
         )
         self._splits = self._splits_family.Metric(labels=base)
-        histogram_kind = getattr(mf, "HISTOGRAM", None)
-        self._latency = None
-        if histogram_kind is not None:
-            self._latency = mf(
-                name="planner_forward_seconds",
-                description="Forward latency in seconds",
-                kind=histogram_kind,
+        self._mf = mf
+        self._stages = {
+            stage: Histogram(
+                mf,
+                name,
+                f"Seconds of a request's {stage}"
+                if stage != "total"
+                else "Seconds of a request, from decoding it to its answer",
+                STAGE_BUCKETS_S,
+                base,
             )
-        self._stages: dict[str, Any] = {}
-        self._stage_families = []
-        if histogram_kind is not None:
-            for stage, name in STAGES.items():
-                family = mf(
-                    name=name,
-                    description=f"Seconds of a request's {stage}"
-                    if stage != "total"
-                    else "Seconds of a request, from decoding it to its answer",
-                    kind=histogram_kind,
-                )
-                self._stage_families.append(family)
-                self._stages[stage] = family.Metric(labels=base, buckets=STAGE_BUCKETS_S)
-        self._by_bucket: dict[int, tuple[Any, Any, Any]] = {}
+            for stage, name in STAGES.items()
+        }
+        self._by_bucket: dict[int, tuple[Any, Any, Histogram]] = {}
         self._by_reason: dict[str, Any] = {}
 
-    def _bucket(self, padded_length: int) -> tuple[Any, Any, Any]:
+    def _bucket(self, padded_length: int) -> tuple[Any, Any, Histogram]:
         metrics = self._by_bucket.get(padded_length)
         if metrics is None:
             labels = {
@@ -138,10 +172,12 @@ class TritonMetrics(SchedulerMetrics):
                 INSTANCE_LABEL: self._instance,
                 "bucket": str(padded_length),
             }
-            latency = (
-                self._latency.Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
-                if self._latency is not None
-                else None
+            latency = Histogram(
+                self._mf,
+                "planner_forward_seconds",
+                "Forward latency in seconds",
+                LATENCY_BUCKETS_S,
+                labels,
             )
             metrics = (
                 self._rows.Metric(labels=labels),
@@ -214,14 +250,16 @@ class TritonMetrics(SchedulerMetrics):
                 self._refused_metric(str(key)).increment(amount)
             elif kind == "split":
                 self._splits.increment(amount)
+        by_length: defaultdict[int, list[float]] = defaultdict(list)
         for padded_length, seconds in latencies:
-            latency = self._bucket(padded_length)[2]
-            if latency is not None:
-                latency.observe(seconds)
+            by_length[padded_length].append(seconds)
+        for padded_length, values in by_length.items():
+            self._bucket(padded_length)[2].publish(values)
+        by_stage: defaultdict[str, list[float]] = defaultdict(list)
         for stage, seconds in stage_times:
-            metric = self._stages.get(stage)
-            if metric is not None:
-                metric.observe(seconds)
+            by_stage[stage].append(seconds)
+        for stage, values in by_stage.items():
+            self._stages[stage].publish(values)
         if queue_rows is not None:
             self._queue.set(queue_rows)
 

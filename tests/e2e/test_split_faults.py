@@ -39,8 +39,9 @@ class InFlight:
 
     def _send(self, stack, rows, protocol) -> None:
         started = time.monotonic()
-        # closed on the thread that made it: the HTTP client's gevent pool, collected on
-        # another thread, raises from its __del__
+        # freed on the thread that made it: the HTTP client's __del__ joins its gevent pool,
+        # which raises on a thread without its hub. A kept error's traceback holds this frame,
+        # so the client leaves the frame here, or the garbage collector frees it on any thread.
         sender = client(stack, protocol)
         try:
             infer(sender, MODEL, text_inputs(protocol, rows))
@@ -48,7 +49,7 @@ class InFlight:
         except Exception as err:
             self.outcomes.append((err, time.monotonic() - started))
         finally:
-            sender.close()
+            del sender
 
     def join(self, timeout_s: float) -> None:
         for t in self.threads:

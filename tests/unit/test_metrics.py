@@ -55,7 +55,16 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
         == 2
     )
     assert calls[("set", "planner_queue_rows", (("model", "m"), ("model_instance", "m")))] == 0
-    assert sorted(v for op, *_, v in pb.calls if op == "observe") == [0.01, 0.02, 0.03]
+    assert not [c for c in pb.calls if c[0] == "observe"], "histograms are published as counters"
+    latency16 = {
+        dict(labels).get("le"): value
+        for op, name, labels, value in pb.calls
+        if name.startswith("planner_forward_seconds") and dict(labels)["bucket"] == "16"
+    }
+    counts16 = [v for op, name, labels, v in pb.calls if name == "planner_forward_seconds_count"]
+    assert sorted(counts16) == [1, 2]  # the forwards at 64 tokens, and at 16
+    assert latency16["0.01"] == 1 and latency16["0.02"] == 2 and latency16["+Inf"] == 2
+    assert "0.005" not in latency16, "a bucket below every value is not sent"
     pb.calls.clear()
     metrics.flush()
     assert pb.calls == [], "a flush sends only what is new"
@@ -107,3 +116,57 @@ def test_the_refusal_table_of_the_docs_is_the_reason_enum_with_its_statuses():
     }
     for reason in Reason:
         assert rows[reason.value] == status[reason.kind.triton_code], reason
+
+
+def published(pb: RecordingPbUtils, name: str) -> dict[str | None, float]:
+    """What one flush sent of one histogram: its bucket increments by ``le``, its sum and
+    count (under None and "count")."""
+    out: dict[str | None, float] = {}
+    for op, family, labels, value in pb.calls:
+        assert op == "increment", op
+        if family == f"{name}_bucket":
+            out[dict(labels)["le"]] = value
+        elif family == f"{name}_sum":
+            out[None] = value
+        elif family == f"{name}_count":
+            out["count"] = value
+    return out
+
+
+def test_a_histogram_publishes_its_cumulative_buckets_sum_and_count_once_per_flush():
+    from python_backend.metrics import Histogram
+
+    pb = RecordingPbUtils()
+    histogram = Histogram(pb.MetricFamily, "h_seconds", "test", [0.001, 0.01, 0.1], {"m": "x"})
+    # a value on a bound counts in that bound's bucket (le: less than or equal)
+    histogram.publish([0.01, 0.005, 0.2, 0.0005, 0.01])
+    sent = published(pb, "h_seconds")
+    assert sent == {
+        "0.001": 1,
+        "0.01": 4,
+        "0.1": 4,
+        "+Inf": 5,
+        None: 0.01 + 0.005 + 0.2 + 0.0005 + 0.01,
+        "count": 5,
+    }
+    pb.calls.clear()
+    histogram.publish([0.05])  # only what is new, and nothing for the buckets below it
+    assert published(pb, "h_seconds") == {"0.1": 1, "+Inf": 1, None: 0.05, "count": 1}
+    pb.calls.clear()
+    histogram.publish([])
+    assert pb.calls == []
+
+
+def test_request_stages_are_published_as_the_histograms_the_dashboard_reads():
+    pb = RecordingPbUtils()
+    metrics = TritonMetrics(pb, "m")
+    metrics.request_stage("tokenization", 0.0003)
+    metrics.request_stage("total", 0.004)
+    metrics.request_stage("total", 0.004)
+    metrics.answered(0.002, 0.0015)
+    metrics.flush()
+    assert published(pb, "planner_request_seconds")["count"] == 2
+    assert published(pb, "planner_request_seconds")["0.005"] == 2
+    assert published(pb, "planner_request_tokenization_seconds")["0.0005"] == 1
+    assert published(pb, "planner_request_queue_seconds")["0.002"] == 1
+    assert published(pb, "planner_request_inference_seconds")["0.002"] == 1
