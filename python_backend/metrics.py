@@ -58,19 +58,27 @@ class Histogram:
     waits for its reply: two per request in a front and two in the owner. Published this way, a
     flush sends at most one increment per series, however many values it carries."""
 
-    def __init__(
-        self, mf: Any, name: str, description: str, bounds: list[float], labels: dict[str, str]
-    ) -> None:
+    def __init__(self, mf: Any, name: str, description: str, bounds: list[float]) -> None:
         self.bounds = bounds
-        # Triton requires every MetricFamily to outlive its Metrics: the families are kept here
-        self._families = [
+        self.families = [
             mf(name=f"{name}{suffix}", description=description, kind=mf.COUNTER)
             for suffix in ("_bucket", "_sum", "_count")
         ]
-        buckets, total, count = self._families
+
+    def series(self, labels: dict[str, str]) -> HistogramSeries:
+        return HistogramSeries(self, labels)
+
+
+class HistogramSeries:
+    """One label set of a ``Histogram``."""
+
+    def __init__(self, histogram: Histogram, labels: dict[str, str]) -> None:
+        # Triton requires every MetricFamily to outlive its Metrics: the series keeps its own
+        self.histogram = histogram
+        buckets, total, count = histogram.families
         self._buckets = [
             buckets.Metric(labels={**labels, "le": le})
-            for le in [f"{b:g}" for b in bounds] + ["+Inf"]
+            for le in [f"{b:g}" for b in histogram.bounds] + ["+Inf"]
         ]
         self._sum = total.Metric(labels=labels)
         self._count = count.Metric(labels=labels)
@@ -79,9 +87,9 @@ class Histogram:
         """Adds ``values`` (observed since the last publish) to the served series."""
         if not values:
             return
-        counts = [0] * (len(self.bounds) + 1)
+        counts = [0] * (len(self.histogram.bounds) + 1)
         for value in values:  # a value counts in the first bucket whose bound it does not pass
-            counts[bisect.bisect_left(self.bounds, value)] += 1
+            counts[bisect.bisect_left(self.histogram.bounds, value)] += 1
         below = 0
         for metric, count in zip(self._buckets, counts, strict=True):
             below += count
@@ -148,7 +156,9 @@ class TritonMetrics(SchedulerMetrics):
             kind=mf.COUNTER,
         )
         self._splits = self._splits_family.Metric(labels=base)
-        self._mf = mf
+        self._latency = Histogram(
+            mf, "planner_forward_seconds", "Forward latency in seconds", LATENCY_BUCKETS_S
+        )
         self._stages = {
             stage: Histogram(
                 mf,
@@ -157,14 +167,13 @@ class TritonMetrics(SchedulerMetrics):
                 if stage != "total"
                 else "Seconds of a request, from decoding it to its answer",
                 STAGE_BUCKETS_S,
-                base,
-            )
+            ).series(base)
             for stage, name in STAGES.items()
         }
-        self._by_bucket: dict[int, tuple[Any, Any, Histogram]] = {}
+        self._by_bucket: dict[int, tuple[Any, Any, HistogramSeries]] = {}
         self._by_reason: dict[str, Any] = {}
 
-    def _bucket(self, padded_length: int) -> tuple[Any, Any, Histogram]:
+    def _bucket(self, padded_length: int) -> tuple[Any, Any, HistogramSeries]:
         metrics = self._by_bucket.get(padded_length)
         if metrics is None:
             labels = {
@@ -172,13 +181,7 @@ class TritonMetrics(SchedulerMetrics):
                 INSTANCE_LABEL: self._instance,
                 "bucket": str(padded_length),
             }
-            latency = Histogram(
-                self._mf,
-                "planner_forward_seconds",
-                "Forward latency in seconds",
-                LATENCY_BUCKETS_S,
-                labels,
-            )
+            latency = self._latency.series(labels)
             metrics = (
                 self._rows.Metric(labels=labels),
                 self._forwards.Metric(labels=labels),

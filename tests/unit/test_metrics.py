@@ -137,9 +137,9 @@ def test_a_histogram_publishes_its_cumulative_buckets_sum_and_count_once_per_flu
     from python_backend.metrics import Histogram
 
     pb = RecordingPbUtils()
-    histogram = Histogram(pb.MetricFamily, "h_seconds", "test", [0.001, 0.01, 0.1], {"m": "x"})
+    series = Histogram(pb.MetricFamily, "h_seconds", "test", [0.001, 0.01, 0.1]).series({"m": "x"})
     # a value on a bound counts in that bound's bucket (le: less than or equal)
-    histogram.publish([0.01, 0.005, 0.2, 0.0005, 0.01])
+    series.publish([0.01, 0.005, 0.2, 0.0005, 0.01])
     sent = published(pb, "h_seconds")
     assert sent == {
         "0.001": 1,
@@ -150,10 +150,10 @@ def test_a_histogram_publishes_its_cumulative_buckets_sum_and_count_once_per_flu
         "count": 5,
     }
     pb.calls.clear()
-    histogram.publish([0.05])  # only what is new, and nothing for the buckets below it
+    series.publish([0.05])  # only what is new, and nothing for the buckets below it
     assert published(pb, "h_seconds") == {"0.1": 1, "+Inf": 1, None: 0.05, "count": 1}
     pb.calls.clear()
-    histogram.publish([])
+    series.publish([])
     assert pb.calls == []
 
 
