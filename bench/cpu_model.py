@@ -489,6 +489,7 @@ def node_predictions(
         in_line = [
             on_node(node_costs(data, chosen, r, overlap=False), r, chosen) for r in NODE_ROWS
         ]
+        one_row = node_costs(data, chosen, 1)  # the default fronts' costs, one row a request
         mine = [p for p in plotted if p["gpu"] == gpu]
         ours = {
             pinned: max(float(p[pinned_key("one_row", pinned)]) for p in mine)  # type: ignore[arg-type]
@@ -516,13 +517,13 @@ def node_predictions(
             "64-row requests.",
             f"- With the owner's cost as served on this machine's 2 shared cores instead of alone "
             f"on its own ({node_costs(data, chosen, 1, owner_alone=False).of('owner'):.0f} against "
-            f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request), the default "
+            f"{one_row.of('owner'):.0f} us a one-row request), the default "
             f"{best} fronts serve {contended[0].rows_per_s:,.0f} and {contended[1].rows_per_s:,.0f}"
             " rows/s (unpinned): the owner's own core is what the split needs most.",
             f"- With `overlap_forwards` off (all of the owner's "
-            f"{node_costs(data, chosen, 1).of('owner'):.0f} us a one-row request in series with "
+            f"{one_row.of('owner'):.0f} us a one-row request in series with "
             f"the forwards, not only its scheduler thread's "
-            f"{node_costs(data, chosen, 1).in_series_us:.0f}), the default {best} fronts serve "
+            f"{one_row.in_series_us:.0f}), the default {best} fronts serve "
             f"{in_line[0].rows_per_s:,.0f} and {in_line[1].rows_per_s:,.0f} rows/s (unpinned): "
             "a lower estimate (the check above).",
             "",

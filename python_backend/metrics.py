@@ -111,8 +111,10 @@ class TritonMetrics(SchedulerMetrics):
         self._lock = threading.Lock()
         # (what, label) -> amount pending; plan costs are fractional token-units, hence float
         self._counts: defaultdict[tuple[str, str | int | None], float] = defaultdict(float)
-        self._latencies: list[tuple[int, float]] = []  # (bucket, seconds) pending
-        self._stage_times: list[tuple[str, float]] = []  # (stage, seconds) pending
+        # values pending, by the series they go to: forward seconds by bucket, request seconds
+        # by stage
+        self._latencies: defaultdict[int, list[float]] = defaultdict(list)
+        self._stage_times: defaultdict[str, list[float]] = defaultdict(list)
         self._queue_rows: int | None = None  # latest queue depth, pending
         self._last_flush = time.monotonic()
         self._model = model_name
@@ -203,7 +205,7 @@ class TritonMetrics(SchedulerMetrics):
             self._counts[("forwards", padded_length)] += 1
             self._counts[("tokens", "real")] += real_tokens
             self._counts[("tokens", "padded")] += rows * padded_length
-            self._latencies.append((padded_length, seconds))
+            self._latencies[padded_length].append(seconds)
 
     def plan(self, planned_cost: float, per_bucket_cost: float) -> None:
         with self._lock:
@@ -220,13 +222,13 @@ class TritonMetrics(SchedulerMetrics):
 
     def answered(self, queue_s: float, inference_s: float) -> None:
         with self._lock:
-            self._stage_times.append(("queue", queue_s))
-            self._stage_times.append(("inference", inference_s))
+            self._stage_times["queue"].append(queue_s)
+            self._stage_times["inference"].append(inference_s)
 
     def request_stage(self, stage: str, seconds: float) -> None:
         """Where the model glue times a request: its tokenization, the whole of it."""
         with self._lock:
-            self._stage_times.append((stage, seconds))
+            self._stage_times[stage].append(seconds)
 
     def flush_if_due(self) -> None:
         if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
@@ -237,8 +239,8 @@ class TritonMetrics(SchedulerMetrics):
         """Sends what was recorded since the last flush to Triton."""
         with self._lock:
             counts, self._counts = self._counts, defaultdict(float)
-            latencies, self._latencies = self._latencies, []
-            stage_times, self._stage_times = self._stage_times, []
+            latencies, self._latencies = self._latencies, defaultdict(list)
+            stage_times, self._stage_times = self._stage_times, defaultdict(list)
             queue_rows, self._queue_rows = self._queue_rows, None
             self._last_flush = time.monotonic()
         for (kind, key), amount in counts.items():
@@ -253,15 +255,9 @@ class TritonMetrics(SchedulerMetrics):
                 self._refused_metric(str(key)).increment(amount)
             elif kind == "split":
                 self._splits.increment(amount)
-        by_length: defaultdict[int, list[float]] = defaultdict(list)
-        for padded_length, seconds in latencies:
-            by_length[padded_length].append(seconds)
-        for padded_length, values in by_length.items():
+        for padded_length, values in latencies.items():
             self._bucket(padded_length)[2].publish(values)
-        by_stage: defaultdict[str, list[float]] = defaultdict(list)
-        for stage, seconds in stage_times:
-            by_stage[stage].append(seconds)
-        for stage, values in by_stage.items():
+        for stage, values in stage_times.items():
             self._stages[stage].publish(values)
         if queue_rows is not None:
             self._queue.set(queue_rows)
