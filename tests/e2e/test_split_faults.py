@@ -27,10 +27,10 @@ def stubs_serving(triton: int, entry: str) -> list[int]:
 
 
 class InFlight:
-    """Requests sent from threads; each outcome is ("answered", s) or (error, s)."""
+    """Requests sent from threads; each outcome is ("answered", s) or (the error's text, s)."""
 
     def __init__(self, stack, count: int, rows=LONG, protocol: str = "grpc") -> None:
-        self.outcomes: list[tuple[object, float]] = []
+        self.outcomes: list[tuple[str, float]] = []
         self.threads = [
             threading.Thread(target=self._send, args=(stack, rows, protocol)) for _ in range(count)
         ]
@@ -40,14 +40,15 @@ class InFlight:
     def _send(self, stack, rows, protocol) -> None:
         started = time.monotonic()
         # freed on the thread that made it: the HTTP client's __del__ joins its gevent pool,
-        # which raises on a thread without its hub. A kept error's traceback holds this frame,
-        # so the client leaves the frame here, or the garbage collector frees it on any thread.
+        # which raises on a thread without its hub. Only the error's text is kept: its
+        # traceback holds tritonclient's own frames, whose `self` is the client, and would let
+        # the garbage collector free the client on any thread.
         sender = client(stack, protocol)
         try:
             infer(sender, MODEL, text_inputs(protocol, rows))
             self.outcomes.append(("answered", time.monotonic() - started))
         except Exception as err:
-            self.outcomes.append((err, time.monotonic() - started))
+            self.outcomes.append((str(err), time.monotonic() - started))
         finally:
             del sender
 
