@@ -3,6 +3,7 @@
     python -m bench.cpu_model measure [--rounds 3] [--measurement-ms 5000] [--pin-cores both]
     python -m bench.cpu_model measure-owner [--rounds 3]
     python -m bench.cpu_model measure-floor [--rounds 3] [--pin-cores on]
+    python -m bench.cpu_model measure-ids [--rounds 3] [--pin-cores both]
     python -m bench.cpu_model report
 
 ``measure`` serves the bench model over the emulated engine with a zero table (forwards take
@@ -23,6 +24,9 @@ with the forwards.
 request: the least any design that answers each request from a Python-backend stub spends;
 with ``--pin-cores on``, the floor with its process on a core of its own (``pin_cores``), kept
 beside the unpinned one.
+``measure-ids`` measures one-row requests whose clients send token ids (INPUT_IDS: a client
+that tokenizes; no tokenizing in the server) as ``measure`` does, the layouts and the floor
+alternating: the like-for-like comparison with the peer, whose clients send token ids too.
 
 ``report`` predicts every measured point from that layout's own CPU per request at that size
 and the serial time of one front (one process) measured where it served alone, with this
@@ -196,7 +200,50 @@ def measure_floor(
     }
 
 
-def runs_of(points: list[dict], fronts: int, rows: int, pinned: bool = False) -> list[dict]:
+def measure_token_ids(
+    rounds: int, ms: int, repository: Path, pins: tuple[bool, ...] = (False,)
+) -> list[dict[str, object]]:
+    """One-row requests whose clients send token ids (``bench.fronts --inputs ids``): today's
+    one process, 1 and 2 fronts, and the Python backend's floor (its ``fronts`` "floor"), each
+    pinned or not as ``pins`` asks, in an order that flips every round; points as ``measure``
+    writes them."""
+    from bench.fronts import FLOOR, serve_once
+    from bench.harness import build_repository
+
+    repository, _ = build_repository(repository, rebuild=False)
+    points: list[dict[str, object]] = []
+    order = [(fronts, pinned) for fronts in (*LAYOUTS, FLOOR) for pinned in pins]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for fronts, pinned in order if r % 2 == 0 else order[::-1]:
+                served = serve_once(
+                    repository,
+                    fronts,
+                    CLIENTS[1],
+                    1,
+                    Path(tmp),
+                    ms,
+                    "zero",
+                    pinned=pinned,
+                    token_ids=True,
+                )
+                point: dict[str, object] = {
+                    "round": r + 1,
+                    "fronts": fronts,
+                    "pinned": pinned,
+                    "rows": 1,
+                    "clients": CLIENTS[1],
+                    "rows_per_s": served.rows_per_s,
+                    "cpu_us_per_request": served.cpu_us_per_request,
+                    "client_us_per_request": served.other_us_per_request,
+                    "stable": served.stable,
+                }
+                points.append(point)
+                print(json.dumps(point), flush=True)
+    return points
+
+
+def runs_of(points: list[dict], fronts: int | str, rows: int, pinned: bool = False) -> list[dict]:
     """The measured runs of one layout at one size, pinned or not, every round (points measured
     before pinning existed were unpinned)."""
     return [
@@ -359,6 +406,7 @@ def node_costs(
     owner_alone: bool = True,
     pinned: bool = False,
     overlap: bool = True,
+    series_at_load: bool = True,
 ) -> CpuCosts:
     """A served node's costs: no client on its cores; K > 2 fronts cost as 2 did (extrapolated);
     the owner at its cost alone on a core of its own (``measure-owner``, pinned there either
@@ -366,14 +414,21 @@ def node_costs(
     processes pinned. In series with the forwards: with ``overlap`` (``overlap_forwards``, the
     default where the engine runs on a GPU) the owner's scheduler thread's CPU, what the owner
     alone served with it (``owner_in_series``); without, all of the owner's (a lower estimate
-    of what it serves in line: its socket thread runs while a forward waits)."""
+    of what it serves in line: its socket thread runs while a forward waits). Both per request
+    as the owner alone spent them over a GPU's table at the node's clients (``series_at_load``:
+    the load ``owner_in_series`` checked, where each forward carries tens of rows), or over the
+    zero-time engine at this machine's clients (forwards of a few rows: more per row)."""
     fronts = min(layout.fronts, 2) if layout.fronts else 0
     costs = costs_of(data["points"], fronts, rows, pinned).without_client()
     alone = data.get("owner_alone_us", {}).get(str(rows))
     if not owner_alone or alone is None:
         return costs
     us = {**costs.us, "owner": alone} if "owner" in costs.us else costs.us
-    series = data["owner_alone_scheduler_us"][str(rows)] if overlap else alone
+    at_load = data.get("owner_over_table", {}).get("runs", {}).get(str(rows))
+    if series_at_load and at_load:
+        series = float(np.mean(at_load["scheduler_us" if overlap else "owner_us"]))
+    else:
+        series = data["owner_alone_scheduler_us"][str(rows)] if overlap else alone
     return replace(costs, us=us, in_series_us=series)
 
 
@@ -602,6 +657,103 @@ def floor_bound(data: dict, cores: int, allowed: float, ours: dict[bool, float])
     return lines
 
 
+def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
+    """What one-row clients that send token ids (``measure-ids``) get: measured here beside the
+    floor, then the node's prediction beside the same clients sending text, the peer (whose
+    clients send token ids, with Triton's cost measured for token ids) and the floor's bound;
+    empty before ``measure-ids`` has run."""
+    points = data.get("token_id_points")
+    if not points:
+        return ""
+    from bench.fronts import FLOOR
+
+    ids = data | {"points": points}
+    pins = pins_of(points)
+    rounds = max(p["round"] for p in points)
+    lines = [
+        "### Clients that send token ids",
+        "",
+        "One-row requests whose clients tokenize and send INPUT_IDS (the same rows the fronts "
+        "make of the texts; the server tokenizes nothing), measured here with `measure-ids` "
+        f"({rounds} rounds alternating, c={CLIENTS[1]}, zero-time engine; the floor: the "
+        "bench-only model that answers zeros, reading the ids):",
+        "",
+        "| layout | served rows/s (each round) | server CPU us/request (by process) |",
+        "|---|---|---|",
+    ]
+    for pinned in pins:
+        for fronts in (*LAYOUTS, FLOOR):
+            mine = runs_of(points, fronts, 1, pinned)
+            if not mine:
+                continue
+            roles = sorted({r for p in mine for r in p["cpu_us_per_request"]})
+            us = {
+                r: float(np.mean([p["cpu_us_per_request"].get(r, 0.0) for p in mine]))
+                for r in roles
+            }
+            name = "Python-backend floor" if fronts == FLOOR else layout_of(int(fronts)).label()
+            each = ", ".join(f"{p['rows_per_s']:.0f}" for p in mine)
+            lines.append(
+                f"| {pinned_label(name, pinned)} | {each} "
+                f"| {sum(us.values()):.0f} ({', '.join(f'{r} {v:.0f}' for r, v in us.items())}) |"
+            )
+    best = default_fronts(True, cores, (0,), 1)
+    lines += [
+        "",
+        f"On {cores} cores with one GPU, 256 one-row clients (the GPU's forward times derived, "
+        "not measured; the text columns from `measure`'s costs, another run; costs of more "
+        "than 2 fronts extrapolated from 2; the peer: Triton's C++ backend, its CPU Triton's "
+        "cost per request as measured here behind fronts fed token ids, not measured itself):",
+        "",
+        f"| GPU | costs | text, the default {best} fronts: rows/s | token ids, the default {best} fronts: rows/s (bound) | token ids, best of 1-16 fronts: rows/s (fronts) | of Triton's allowance | peer rows/s | token ids / peer | the floor's bound with token ids (of the allowance) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for gpu in ("a100", "a30"):
+        table = gpu_table(gpu)
+        for pinned in pins:
+            on_node = functools.partial(node_ceiling, lengths, table, cores)
+            chosen = Layout(fronts=best)
+            text = on_node(node_costs(data, chosen, 1, pinned=pinned), 1, chosen)
+            served = on_node(node_costs(ids, chosen, 1, pinned=pinned), 1, chosen)
+            top = max(
+                (
+                    (
+                        on_node(
+                            node_costs(ids, Layout(fronts=k), 1, pinned=pinned), 1, Layout(fronts=k)
+                        ),
+                        k,
+                    )
+                    for k in (1, 2, 4, 6, 8, 10, 12, 14, 16)
+                ),
+                key=lambda served_k: served_k[0].rows_per_s,
+            )
+            triton = node_costs(ids, Layout(fronts=2), 1, pinned=pinned).of("triton")
+            peer_costs = CpuCosts({"triton": triton}, 0.0)
+            allowed = min(cores / (triton * 1e-6), peer_costs.triton_ceiling_per_s)
+            peer = on_node(peer_costs, 1, Layout(peer=True), "dynamic_batcher")
+            floor = runs_of(points, FLOOR, 1, pinned)
+            floor_us = (
+                {
+                    r: float(np.mean([p["cpu_us_per_request"][r] for p in floor]))
+                    for r in floor[0]["cpu_us_per_request"]
+                }
+                if floor
+                else {}
+            )
+            bound = (
+                min(cpu_ceilings(CpuCosts(floor_us, 0.0), cores, Layout(instances=1)).values())
+                if floor_us
+                else float("nan")
+            )
+            lines.append(
+                f"| {gpu.upper()} | {'pinned' if pinned else 'unpinned'} | {text.rows_per_s:,.0f} "
+                f"| {served.rows_per_s:,.0f} ({served.bound}) | {top[0].rows_per_s:,.0f} ({top[1]}) "
+                f"| {top[0].rows_per_s / allowed:.0%} of {allowed:,.0f} | {peer.rows_per_s:,.0f} "
+                f"| {served.rows_per_s / peer.rows_per_s:.2f} | {bound:,.0f} ({bound / allowed:.0%}) |"
+            )
+    return "\n".join(lines)
+
+
 def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
     """Predicted rows/s against fronts per GPU, per GPU table and load, with today's layout
     (instances) and the engine alone as references."""
@@ -654,7 +806,9 @@ def plot(plotted: list[dict[str, object]], path: Path = PLOT) -> Path:
 @reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("measure", "measure-owner", "measure-floor", "report"))
+    parser.add_argument(
+        "what", choices=("measure", "measure-owner", "measure-floor", "measure-ids", "report")
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--measurement-ms", type=int, default=5000)
     parser.add_argument("--cores", type=int, default=16, help="the node the report predicts")
@@ -682,19 +836,25 @@ def main(argv: list[str] | None = None) -> int:
         for pinned in PINS[args.pin_cores]:
             key = "floor_pinned_us" if pinned else "floor_us"
             data[key] = measure_floor(args.rounds, args.measurement_ms, args.repository, pinned)
-    if args.what in ("measure-owner", "measure-floor"):
+    if args.what == "measure-ids":
+        data["token_id_points"] = measure_token_ids(
+            args.rounds, args.measurement_ms, args.repository, PINS[args.pin_cores]
+        )
+    if args.what in ("measure-owner", "measure-floor", "measure-ids"):
         COSTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
         print(f"written: {COSTS_FILE.relative_to(ROOT)}")
     table = validation(data)
     lengths = read_lengths(LENGTHS)
     owner = owner_in_series(data, lengths)
     node, plotted = node_predictions(lengths, data, args.cores)
+    token_ids = token_id_clients(lengths, data, args.cores)
     plot(plotted)
     text = (
         "## The server's CPU, modelled\n\n"
         "    python -m bench.cpu_model measure --pin-cores both  # bench/data/cpu_costs.json\n"
         "    python -m bench.cpu_model measure-owner         # the owner alone on a core\n"
         "    python -m bench.cpu_model measure-floor --pin-cores both  # the Python backend's floor\n"
+        "    python -m bench.cpu_model measure-ids --pin-cores both  # clients that send token ids\n"
         "    python -m bench.cpu_model report               # this section, docs/cpu_model.png\n\n"
         "The simulator's CPU model (`bench/sim/cpu.py`): the server's cores shared by Triton, the "
         "fronts, the queue owner (its transport included) and, here, the client; each front "
@@ -712,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         "with each forward. "
         "Rows per forward, where the CPU binds, are those of an open loop at the CPU's rate.\n"
         + "\n![predicted rows/s against fronts per GPU](cpu_model.png)\n"
+        + ("\n" + token_ids + "\n" if token_ids else "")
     )
     print(text)
     write_section(text, BEGIN, END)

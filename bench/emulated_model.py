@@ -37,7 +37,8 @@ class EmulatedOwnerModel(EmulatedEngineHost, OwnerModel):
 
 class PythonBackendFloorModel:
     """Bench only, not the project's model: the least a Python-backend model that tokenizes does
-    for each request. It reads TEXT, tokenizes it with the model's tokenizer (as a front does),
+    for each request. It reads TEXT, tokenizes it with the model's tokenizer (as a front does;
+    or reads INPUT_IDS, one row a request, where the client tokenized),
     and answers zeros of the output's shape from a thread of its own through the request's
     response sender (as the fronts answer). No queue, no owner, no planner: what it costs per
     request, in its stub and in Triton, is what any design built on this backend pays at least
@@ -73,8 +74,12 @@ class PythonBackendFloorModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            text = self.pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
-            rows = self.tokenizer.encode([t.decode("utf-8") for t in text[:, 0]], truncate=True)
+            text = self.pb_utils.get_input_tensor_by_name(request, "TEXT")
+            if text is None:  # token ids: the rows as sent
+                rows = list(self.pb_utils.get_input_tensor_by_name(request, "INPUT_IDS").as_numpy())
+            else:
+                texts = [t.decode("utf-8") for t in text.as_numpy()[:, 0]]
+                rows = self.tokenizer.encode(texts, truncate=True)
             self.answers.put((sender, rows))
 
     def _answer(self) -> None:

@@ -3,7 +3,7 @@ server process spends per request, on the real Triton server.
 
     python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
                            [--table zero|table:a30|engine] [--baseline-tree build/baseline]
-                           [--floor] [--pin-cores off|on|both]
+                           [--floor] [--pin-cores off|on|both] [--inputs text|ids]
 
 Every variant serves the bench model over the emulated engine with a zero table by default
 (forwards take no time: what is measured is the server around the engine, its ceiling at GPU
@@ -17,7 +17,8 @@ speed), or with ``--table engine`` over the bench model's own ONNX Runtime engin
   least, per request, in its stub and in Triton.
 Each measurement starts a server that loads only that variant; the variants alternate, in an
 order that flips every round, so the shared machine's drift falls on all alike. perf_analyzer
-(gRPC, real-text rows) drives it at one concurrency; CPU seconds of Triton and of each stub are
+(gRPC, real-text rows; with ``--inputs ids`` the same rows as token ids, as a client that
+tokenizes sends them: no tokenizing in the server) drives it at one concurrency; CPU seconds of Triton and of each stub are
 read from /proc over the measurement, so per-request CPU is summed over every server process
 (the client excluded) and split by process, with each process's context switches per request
 (voluntary and not, summed over its threads, from /proc): where the CPU goes to threads handing
@@ -52,10 +53,11 @@ from bench.harness import (
     add_emulated_variant,
     build_repository,
     measure,
+    token_id_input_data,
     warm_up,
 )
 from bench.owner_alone import cpu_seconds
-from bench.paths import ROOT
+from bench.paths import INPUT_DATA, ROOT
 from bench.sim.validation import forward_stats, forwards_between
 from builder.triton_config import add_model_variant, add_split_variant, write_config
 from python_backend.contract import OWNER_SUFFIX
@@ -170,10 +172,16 @@ def serve_once(
     table: str,
     code_root: Path = ROOT,
     pinned: bool = False,
+    token_ids: bool = False,
 ) -> Served:
     """One measurement of one variant, in a server of its own whose models import
-    ``code_root``'s python_backend."""
+    ``code_root``'s python_backend; ``token_ids``: its clients send the rows as token ids."""
     model = variant(repository, fronts, table, pinned)
+    requests = INPUT_DATA
+    if token_ids:
+        requests = tmp / "token_ids.json"
+        if not requests.is_file():
+            token_id_input_data(repository / SOURCE / "1", requests)
     loads = [model] + ([f"{model}_owner"] if isinstance(fronts, int) and fronts > 0 else [])
     server = TritonServer.loading_only(
         repository, tuple(loads), tmp / f"triton-{model}.log", code_root=code_root
@@ -199,7 +207,9 @@ def serve_once(
         switches_before = {pid: context_switches(pid) for pid in pids}
         busy_before = machine_busy_seconds()
         started = time.monotonic()
-        point, stable = measure(model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows)
+        point, stable = measure(
+            model, server.grpc_url, concurrency, tmp, ms, rows_per_request=rows, input_data=requests
+        )
         wall = time.monotonic() - started
         busy = machine_busy_seconds() - busy_before
         time.sleep(0.6)  # the models publish their metrics every 0.25 s
@@ -272,11 +282,20 @@ def main(argv: list[str] | None = None) -> int:
         help="every variant with the pin_cores setting off, on, or both side by side",
     )
     parser.add_argument(
+        "--inputs",
+        choices=("text", "ids"),
+        default="text",
+        help="what the clients send: text, or its rows as token ids (INPUT_IDS, one row a "
+        "request: a client that tokenizes)",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
         help="another checkout of this project: every variant is served by its code too",
     )
     args = parser.parse_args(argv)
+    if args.inputs == "ids" and args.rows_per_request != 1:
+        parser.error("--inputs ids sends one row a request (rows of different lengths)")
     compared = args.baseline_tree is not None
     if compared and not (args.baseline_tree / "python_backend").is_dir():
         parser.error(f"--baseline-tree {args.baseline_tree} is not a checkout of this project")
@@ -308,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.table,
                     codes[code],
                     pinned,
+                    args.inputs == "ids",
                 )
                 results[key].append(served)
                 shares = ", ".join(
@@ -326,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     base = float(np.mean([s.rows_per_s for s in results[today]]))
     base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[today]]))
     print(
-        f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request, engine {args.table}, "
+        f"\nc={args.concurrency}, {args.rows_per_request} row(s) a request as {args.inputs}, "
+        f"engine {args.table}, "
         f"means of {args.rounds} rounds:\n"
     )
     versus = f"one process{', baseline' if compared else ''}"

@@ -67,6 +67,17 @@ def request_rows(version_dir: Path) -> list[np.ndarray]:
     return tokenizer.encode(texts, truncate=True)
 
 
+def token_id_input_data(version_dir: Path, path: Path) -> Path:
+    """perf_analyzer's requests as a client that tokenizes its own texts sends them: the bench's
+    texts as INPUT_IDS, one row each, the rows the model makes of them (``request_rows``)."""
+    data = [
+        {"INPUT_IDS": {"content": row.tolist(), "shape": [len(row)]}}
+        for row in request_rows(version_dir)
+    ]
+    path.write_text(json.dumps({"data": data}))
+    return path
+
+
 @dataclass(frozen=True)
 class LoadPoint:
     """One model measured at one concurrency: perf_analyzer's point, and whether its windows
@@ -85,9 +96,11 @@ def measure(
     ms: int,
     rate: float | None = None,
     rows_per_request: int = 1,
+    input_data: Path = INPUT_DATA,
 ) -> tuple[PerfPoint, bool]:
     """One point: stable within 30% over 3 windows if the shared machine allows, else the last
-    windows as they were (marked unstable in the table)."""
+    windows as they were (marked unstable in the table). ``input_data``: the requests, real
+    text by default (``token_id_input_data``: the same as token ids)."""
     csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
     # (windows at most, stability wanted): strict first; the shared machine may not allow it
     for max_trials, stability in ((6, 30), (3, 1000)):
@@ -95,7 +108,7 @@ def measure(
             row, _ = run_perf_analyzer(
                 model,
                 url,
-                INPUT_DATA,
+                input_data,
                 concurrency,
                 csv_path,
                 measurement_ms=ms,

@@ -158,3 +158,58 @@ def test_the_owners_share_in_series_is_checked_both_ways():
     cells = row_of_one()
     assert cells[6:8] == ["12,100, 14,300", "13,200 (1.20x)"]
     assert cells[8] == f"{overlapped:,.0f} ({overlapped / 13_200:.2f})"
+
+
+def test_the_owners_cost_in_series_is_the_one_spent_at_the_nodes_load_where_measured():
+    from bench.cpu_model import node_costs
+
+    data = {
+        "points": [point(1, False, 1000.0, 700.0), point(2, False, 1800.0, 720.0)],
+        "owner_alone_us": {"1": 40.0},
+        "owner_alone_scheduler_us": {"1": 20.0},
+    }
+    split = Layout(fronts=4)
+    # over the zero-time engine only: its scheduler thread's cost, all of it without the overlap
+    assert node_costs(data, split, 1).in_series_us == 20.0
+    assert node_costs(data, split, 1, overlap=False).in_series_us == 40.0
+    runs = {"rows_per_s": [1.0], "owner_us": [30.0, 32.0], "scheduler_us": [10.0, 12.0]}
+    data["owner_over_table"] = {"runs": {"1": runs}}
+    # measured over a GPU's table at the node's clients too: those, the load the check ran at
+    assert node_costs(data, split, 1).in_series_us == 11.0
+    assert node_costs(data, split, 1, overlap=False).in_series_us == 31.0
+    assert node_costs(data, split, 1, series_at_load=False).in_series_us == 20.0
+    # the owner's whole cost, which bounds it on its core, stays the one alone either way
+    assert node_costs(data, split, 1).of("owner") == 40.0
+    assert node_costs(data, split, 1).of("front") == 720.0  # more than 2 fronts cost as 2 did
+
+
+def test_token_id_clients_are_reported_beside_text_clients_and_the_peer():
+    from bench.cpu_model import token_id_clients
+
+    def at(fronts, us: dict[str, float], rows_per_s: float) -> dict:
+        return {**point(0, False, rows_per_s, 0.0), "fronts": fronts, "cpu_us_per_request": us}
+
+    text = {"triton": 250.0, "front": 450.0, "owner": 60.0}
+    ids = {"triton": 250.0, "front": 250.0, "owner": 60.0}
+    data = {
+        "points": [at(1, text, 1500.0), at(2, text, 2500.0)],
+        "owner_alone_us": {"1": 40.0},
+        "owner_alone_scheduler_us": {"1": 20.0},
+    }
+    assert token_id_clients(LENGTHS, data, 16) == ""  # before measure-ids
+    data["token_id_points"] = [
+        at(1, ids, 1800.0),
+        at(2, ids, 3000.0),
+        at("floor", {"triton": 200.0, "model": 100.0}, 4000.0),
+    ]
+    text_out = token_id_clients(LENGTHS, data, 16)
+    measured = [line for line in text_out.splitlines() if line.startswith("| 2 fronts |")]
+    assert measured == ["| 2 fronts | 3000 | 560 (front 250, owner 60, triton 250) |"]
+    assert "| Python-backend floor | 4000 | 300 (model 100, triton 200) |" in text_out
+    (a100,) = [line for line in text_out.splitlines() if line.startswith("| A100 |")]
+    cells = [c.strip() for c in a100.split("|")[1:-1]]
+    number = lambda cell: float(cell.split(" ")[0].replace(",", ""))  # noqa: E731
+    # fronts that do not tokenize carry more of the same clients than fronts that do
+    assert number(cells[3]) > number(cells[2])
+    # Triton's cost allows 16 cores / 250 us, above its own ceiling; the floor's 300 us too
+    assert cells[5].endswith("of 55,000") and cells[8] == "53,333 (97%)"
