@@ -310,6 +310,15 @@ def validation(data: dict) -> str:
             else ""
         ),
         "",
+        *predicted_beside_served(points, cores),
+    ]
+    return "\n".join(lines)
+
+
+def predicted_beside_served(points: list[dict], cores: float) -> list[str]:
+    """The table of each measured point's served rows/s beside its prediction from its own
+    costs (and, for 2 fronts, from the 1-front costs)."""
+    lines = [
         "| layout | rows per request | clients | served rows/s (each round) | served, mean | predicted rows/s | predicted / served | bound | from the 1-front costs |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -339,7 +348,7 @@ def validation(data: dict) -> str:
                     f"| {served:.0f} | {guess.rows_per_s:.0f}{mark} | "
                     f"{guess.rows_per_s / served:.2f} | {guess.bound} | {other} |"
                 )
-    return "\n".join(lines)
+    return lines
 
 
 def owner_in_series(data: dict, lengths: list[int]) -> str:
@@ -699,6 +708,11 @@ def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
             )
     best = default_fronts(True, cores, (0,), 1)
     lines += [
+        "",
+        "Predicted beside served on this machine, as for text clients above (the 2-front rows "
+        "the test; the floor is not a layout the model predicts):",
+        "",
+        *predicted_beside_served(points, float(data["cores"])),
         "",
         f"On {cores} cores with one GPU, 256 one-row clients (the GPU's forward times derived, "
         "not measured; the text columns from `measure`'s costs, another run; costs of more "

@@ -192,6 +192,7 @@ def test_token_id_clients_are_reported_beside_text_clients_and_the_peer():
     text = {"triton": 250.0, "front": 450.0, "owner": 60.0}
     ids = {"triton": 250.0, "front": 250.0, "owner": 60.0}
     data = {
+        "cores": 2,
         "points": [at(1, text, 1500.0), at(2, text, 2500.0)],
         "owner_alone_us": {"1": 40.0},
         "owner_alone_scheduler_us": {"1": 20.0},
@@ -203,8 +204,11 @@ def test_token_id_clients_are_reported_beside_text_clients_and_the_peer():
         at("floor", {"triton": 200.0, "model": 100.0}, 4000.0),
     ]
     text_out = token_id_clients(LENGTHS, data, 16)
-    measured = [line for line in text_out.splitlines() if line.startswith("| 2 fronts |")]
-    assert measured == ["| 2 fronts | 3000 | 560 (front 250, owner 60, triton 250) |"]
+    measured, predicted = [l for l in text_out.splitlines() if l.startswith("| 2 fronts |")]
+    assert measured == "| 2 fronts | 3000 | 560 (front 250, owner 60, triton 250) |"
+    # predicted beside served here, from the token-id runs' own costs: 2 cores, 560 us each
+    # request (the client's 200 too), or the two fronts' serial time (1,800 requests/s each)
+    assert predicted.startswith(f"| 2 fronts | 1 | 64 | 3000 | 3000 | {2 / 760e-6:.0f} |")
     assert "| Python-backend floor | 4000 | 300 (model 100, triton 200) |" in text_out
     (a100,) = [line for line in text_out.splitlines() if line.startswith("| A100 |")]
     cells = [c.strip() for c in a100.split("|")[1:-1]]
