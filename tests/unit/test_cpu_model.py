@@ -204,7 +204,8 @@ def test_token_id_clients_are_reported_beside_text_clients_and_the_peer():
         at("floor", {"triton": 200.0, "model": 100.0}, 4000.0),
     ]
     text_out = token_id_clients(LENGTHS, data, 16)
-    measured, predicted = [l for l in text_out.splitlines() if l.startswith("| 2 fronts |")]
+    lines = text_out.splitlines()
+    measured, predicted = [line for line in lines if line.startswith("| 2 fronts |")]
     assert measured == "| 2 fronts | 3000 | 560 (front 250, owner 60, triton 250) |"
     # predicted beside served here, from the token-id runs' own costs: 2 cores, 560 us each
     # request (the client's 200 too), or the two fronts' serial time (1,800 requests/s each)
