@@ -627,24 +627,34 @@ FLOOR_KEYS = {
 }
 
 
+def floor_allows(us: dict[str, float], cores: int) -> float:
+    """Requests/s the floor's CPU (``us`` by process) allows on ``cores``: the cores it takes, or
+    Triton's own ceiling."""
+    return min(cpu_ceilings(CpuCosts(us, 0.0), cores, Layout(instances=1)).values())
+
+
+def mean_costs(runs: list[dict]) -> dict[str, float]:
+    """CPU us per request by process, the mean of ``runs`` (a process missing from a run: 0)."""
+    roles = sorted({role for run in runs for role in run["cpu_us_per_request"]})
+    return {
+        role: float(np.mean([run["cpu_us_per_request"].get(role, 0.0) for run in runs]))
+        for role in roles
+    }
+
+
 def floor_bound(data: dict, cores: int, allowed: float, ours: dict[bool, float]) -> list[str]:
     """A bullet on what the Python backend's floor allows on ``cores`` cores for each way it was
     measured (none before ``measure-floor`` has run), beside ``ours``: the best layout's one-row
     rows/s, unpinned (False) and, where predicted, pinned (True)."""
-
-    def bound(us: dict[str, float]) -> float:
-        """Requests/s the floor's CPU allows: the cores it takes, or Triton's own ceiling."""
-        return min(cpu_ceilings(CpuCosts(us, 0.0), cores, Layout(instances=1)).values())
-
     lines = []
     for key, (how, pinned) in FLOOR_KEYS.items():
         measured = data.get(key, {})
         floor = measured.get("1")
         if not floor:
             continue
-        one = bound(floor)
+        one = floor_allows(floor, cores)
         many = (
-            f" (in 64-row requests, {64 * bound(measured['64']):,.0f} rows/s)"
+            f" (in 64-row requests, {64 * floor_allows(measured['64'], cores):,.0f} rows/s)"
             if "64" in measured
             else ""
         )
@@ -695,11 +705,7 @@ def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
             mine = runs_of(points, fronts, 1, pinned)
             if not mine:
                 continue
-            roles = sorted({r for p in mine for r in p["cpu_us_per_request"]})
-            us = {
-                r: float(np.mean([p["cpu_us_per_request"].get(r, 0.0) for p in mine]))
-                for r in roles
-            }
+            us = mean_costs(mine)
             name = "Python-backend floor" if fronts == FLOOR else layout_of(int(fronts)).label()
             each = ", ".join(f"{p['rows_per_s']:.0f}" for p in mine)
             lines.append(
@@ -707,6 +713,7 @@ def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
                 f"| {sum(us.values()):.0f} ({', '.join(f'{r} {v:.0f}' for r, v in us.items())}) |"
             )
     best = default_fronts(True, cores, (0,), 1)
+    best_measured = min(best, 2)  # the fronts whose costs a node of ``best`` is predicted from
     lines += [
         "",
         "Predicted beside served on this machine, as for text clients above (the 2-front rows "
@@ -727,7 +734,11 @@ def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
         for pinned in pins:
             on_node = functools.partial(node_ceiling, lengths, table, cores)
             chosen = Layout(fronts=best)
-            text = on_node(node_costs(data, chosen, 1, pinned=pinned), 1, chosen)
+            text = (
+                f"{on_node(node_costs(data, chosen, 1, pinned=pinned), 1, chosen).rows_per_s:,.0f}"
+                if runs_of(data["points"], best_measured, 1, pinned)
+                else "not measured"
+            )
             served = on_node(node_costs(ids, chosen, 1, pinned=pinned), 1, chosen)
             top = max(
                 (
@@ -746,21 +757,9 @@ def token_id_clients(lengths: list[int], data: dict, cores: int) -> str:
             allowed = min(cores / (triton * 1e-6), peer_costs.triton_ceiling_per_s)
             peer = on_node(peer_costs, 1, Layout(peer=True), "dynamic_batcher")
             floor = runs_of(points, FLOOR, 1, pinned)
-            floor_us = (
-                {
-                    r: float(np.mean([p["cpu_us_per_request"][r] for p in floor]))
-                    for r in floor[0]["cpu_us_per_request"]
-                }
-                if floor
-                else {}
-            )
-            bound = (
-                min(cpu_ceilings(CpuCosts(floor_us, 0.0), cores, Layout(instances=1)).values())
-                if floor_us
-                else float("nan")
-            )
+            bound = floor_allows(mean_costs(floor), cores) if floor else float("nan")
             lines.append(
-                f"| {gpu.upper()} | {'pinned' if pinned else 'unpinned'} | {text.rows_per_s:,.0f} "
+                f"| {gpu.upper()} | {'pinned' if pinned else 'unpinned'} | {text} "
                 f"| {served.rows_per_s:,.0f} ({served.bound}) | {top[0].rows_per_s:,.0f} ({top[1]}) "
                 f"| {top[0].rows_per_s / allowed:.0%} of {allowed:,.0f} | {peer.rows_per_s:,.0f} "
                 f"| {served.rows_per_s / peer.rows_per_s:.2f} | {bound:,.0f} ({bound / allowed:.0%}) |"
