@@ -1,0 +1,36 @@
+"""``python -m bench.overlap_check`` in its CPU form: it serves the closed loop both ways with no
+error, and imports nothing the lent GPU machine lacks, so that a session lent one runs it as is."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from tests.builder.test_torch_check import ABSENT_THERE, ROOT, RUN_AND_LIST_MODULES
+
+
+def test_the_cpu_form_serves_both_ways_and_imports_only_what_the_gpu_machine_has():
+    runner = RUN_AND_LIST_MODULES.replace("builder.gpu_check", "bench.overlap_check")
+    done = subprocess.run(
+        [sys.executable, "-c", runner, "--device", "cpu", "--clients", "16", "--seconds", "0.6",
+         "--rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rounds = re.findall(
+        r"round (\d), overlap (on |off): +(\d+) rows/s, +([\d.]+) rows a forward, "
+        r"scheduler thread +([\d.]+) us a row, (\d+) errors",
+        done.stdout,
+    )
+    # alternating: off then on, then on then off
+    assert [(r, o.strip()) for r, o, *_ in rounds] == [
+        ("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")
+    ]  # fmt: skip
+    for *_, rows_per_s, per_forward, scheduler_us, errors in rounds:
+        assert float(rows_per_s) > 0 and float(per_forward) >= 1 and float(scheduler_us) > 0
+        assert errors == "0"
+    assert "overlap on / off:" in done.stdout and "FAIL" not in done.stdout
+    modules = json.loads(done.stdout.rsplit("MODULES ", 1)[1])
+    assert not set(ABSENT_THERE) & set(modules)
