@@ -68,7 +68,7 @@ class Round:
     rows_per_s: float
     rows_per_forward: float
     scheduler_us_per_row: float  # the scheduler thread's CPU
-    errors: int
+    errors: list[str]  # each request answered with an error: its message
 
 
 class ClosedLoop:
@@ -83,7 +83,10 @@ class ClosedLoop:
         self.rng = np.random.default_rng(SEED)
         self.answers: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self.answered_rows = 0
-        self.errors = 0
+        self.errors: list[str] = []
+        # the feeder sends under this lock, and ``stop`` marks the loop stopping under it: no
+        # request is sent to a scheduler that is stopping (it would be refused, rightly)
+        self._sending = threading.Lock()
         self.stopping = False
         self.feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         for _ in range(clients):
@@ -99,12 +102,14 @@ class ClosedLoop:
             if isinstance(outcome, Answer):
                 self.answered_rows += len(outcome.outputs)
             else:
-                self.errors += 1
-            if not self.stopping:
-                self._send()
+                self.errors.append(str(outcome))
+            with self._sending:
+                if not self.stopping:
+                    self._send()
 
     def stop(self) -> None:
-        self.stopping = True
+        with self._sending:
+            self.stopping = True
         self.scheduler.stop()
         self.answers.put(None)
         self.feeder.join()
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"round {r + 1}, overlap {'on ' if overlap else 'off'}: "
                         f"{got.rows_per_s:9.0f} rows/s, {got.rows_per_forward:5.1f} rows a "
                         f"forward, scheduler thread {got.scheduler_us_per_row:6.1f} us a row, "
-                        f"{got.errors} errors",
+                        f"{len(got.errors)} errors",
                         flush=True,
                     )
         finally:
@@ -213,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\noverlap on / off: {means[True] / means[False]:.2f}x rows/s "
         f"({means[True]:.0f} against {means[False]:.0f}, means of {args.rounds} rounds)"
     )
-    errors = sum(g.errors for v in results.values() for g in v)
+    errors = [e for v in results.values() for g in v for e in g.errors]
     if errors:
-        print(f"FAIL: {errors} request(s) answered with an error")
+        print(f"FAIL: {len(errors)} request(s) answered with an error, the first: {errors[0]}")
     return 1 if errors else 0
 
 

@@ -34,3 +34,46 @@ def test_the_cpu_form_serves_both_ways_and_imports_only_what_the_gpu_machine_has
     assert "overlap on / off:" in done.stdout and "FAIL" not in done.stdout
     modules = json.loads(done.stdout.rsplit("MODULES ", 1)[1])
     assert not set(ABSENT_THERE) & set(modules)
+
+
+def test_the_closed_loop_sends_nothing_to_a_scheduler_that_is_stopping():
+    """The feeder answers one request by sending the next; ``stop`` must not race it, or a
+    request reaches the stopping scheduler and is refused (the check would report an error)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from bench.overlap_check import ClosedLoop
+    from python_backend.contract import Reason, ServeError
+    from python_backend.scheduler import Answer
+
+    class Answering:
+        """Answers each request a millisecond later, refuses any once stopping, as the
+        scheduler does."""
+
+        def __init__(self) -> None:
+            self.accepting = True
+
+        def submit(self, request) -> None:
+            if not self.accepting:
+                request.respond(ServeError(Reason.SHUTDOWN, "the server is shutting down"))
+                return
+            answer = Answer(np.zeros((1, 4), np.float32), np.ones(1, np.int32), 0.0, 0.0)
+            threading.Timer(0.001, request.respond, [answer]).start()
+
+        def stop(self) -> None:
+            self.accepting = False
+            time.sleep(0.05)  # what was sent in time is answered meanwhile
+
+    class SlowToSend(ClosedLoop):
+        def _send(self) -> None:
+            if self.feeder.is_alive():
+                time.sleep(0.002)  # a wide window between deciding to send and sending
+            super()._send()
+
+    for _ in range(5):
+        loop = SlowToSend(Answering(), [np.arange(1, 5)], clients=8, rows_per_request=1)  # type: ignore[arg-type]
+        time.sleep(0.03)
+        loop.stop()
+        assert loop.answered_rows > 0 and loop.errors == []
