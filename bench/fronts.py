@@ -3,7 +3,7 @@ server process spends per request, on the real Triton server.
 
     python -m bench.fronts [--fronts 1,2] [--concurrency 64] [--rows-per-request 1] [--rounds 3]
                            [--table zero|table:a30|engine] [--baseline-tree build/baseline]
-                           [--floor] [--pin-cores off|on|both] [--inputs text|ids]
+                           [--floor] [--pin-cores off|on|both] [--inputs text,ids]
 
 Every variant serves the bench model over the emulated engine with a zero table by default
 (forwards take no time: what is measured is the server around the engine, its ceiling at GPU
@@ -18,7 +18,8 @@ speed), or with ``--table engine`` over the bench model's own ONNX Runtime engin
 Each measurement starts a server that loads only that variant; the variants alternate, in an
 order that flips every round, so the shared machine's drift falls on all alike. perf_analyzer
 (gRPC, real-text rows; with ``--inputs ids`` the same rows as token ids, as a client that
-tokenizes sends them: no tokenizing in the server) drives it at one concurrency; CPU seconds of Triton and of each stub are
+tokenizes sends them: no tokenizing in the server; ``text,ids``: both, side by side) drives it
+at one concurrency; CPU seconds of Triton and of each stub are
 read from /proc over the measurement, so per-request CPU is summed over every server process
 (the client excluded) and split by process, with each process's context switches per request
 (voluntary and not, summed over its threads, from /proc): where the CPU goes to threads handing
@@ -240,13 +241,17 @@ def label(fronts: VariantLayout) -> str:
 
 
 THIS, BASELINE = "this checkout", "baseline"
-# a measured variant: its layout, whether its processes are pinned (pin_cores), whose code
-Variant = tuple[VariantLayout, bool, str]
+INPUTS = ("text", "ids")  # what the clients send: text, or its rows as token ids
+# a measured variant: its layout, whether its processes are pinned (pin_cores), whose code,
+# what its clients send
+Variant = tuple[VariantLayout, bool, str, str]
 
 
 def variant_label(key: Variant, compared: bool) -> str:
-    fronts, pinned, code = key
-    name = label(fronts) + (", pinned" if pinned else "")
+    fronts, pinned, code, inputs = key
+    name = (
+        label(fronts) + (", pinned" if pinned else "") + (", token ids" if inputs == "ids" else "")
+    )
     return f"{name}, {code}" if compared else name
 
 
@@ -283,10 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--inputs",
-        choices=("text", "ids"),
         default="text",
-        help="what the clients send: text, or its rows as token ids (INPUT_IDS, one row a "
-        "request: a client that tokenizes)",
+        help="what the clients send: text, or its rows as token ids (ids: INPUT_IDS, one row a "
+        "request, a client that tokenizes); text,ids: both, side by side",
     )
     parser.add_argument(
         "--baseline-tree",
@@ -294,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout of this project: every variant is served by its code too",
     )
     args = parser.parse_args(argv)
-    if args.inputs == "ids" and args.rows_per_request != 1:
+    inputs = [kind for kind in args.inputs.split(",") if kind]
+    if not inputs or not set(inputs) <= set(INPUTS):
+        parser.error(f"--inputs {args.inputs!r}: name text, ids or both (text,ids)")
+    if "ids" in inputs and args.rows_per_request != 1:
         parser.error("--inputs ids sends one row a request (rows of different lengths)")
     compared = args.baseline_tree is not None
     if compared and not (args.baseline_tree / "python_backend").is_dir():
@@ -309,14 +316,20 @@ def main(argv: list[str] | None = None) -> int:
     pins = {"off": (False,), "on": (True,), "both": (False, True)}[args.pin_cores]
     # the floor is no checkout's model: served once a round, by this checkout's bench module
     variants: list[Variant] = [
-        (fronts, pinned, code) for fronts in layouts for pinned in pins for code in codes
+        (fronts, pinned, code, kind)
+        for fronts in layouts
+        for pinned in pins
+        for code in codes
+        for kind in inputs
     ]
-    variants += [(FLOOR, pinned, THIS) for pinned in pins] if args.floor else []
+    variants += (
+        [(FLOOR, pinned, THIS, kind) for pinned in pins for kind in inputs] if args.floor else []
+    )
     results: dict[Variant, list[Served]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for key in variants if r % 2 == 0 else variants[::-1]:
-                fronts, pinned, code = key
+                fronts, pinned, code, kind = key
                 served = serve_once(
                     repository,
                     fronts,
@@ -327,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.table,
                     codes[code],
                     pinned,
-                    args.inputs == "ids",
+                    kind == "ids",
                 )
                 results[key].append(served)
                 shares = ", ".join(
@@ -340,9 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"CPU us/request: {shares}" + ("" if served.stable else " (unstable)"),
                     flush=True,
                 )
-    # "one process": today's model, served by the baseline's code where one is compared
-    # unpinned where measured so
-    today: Variant = (0, pins[0], BASELINE if compared else THIS)
+    # "one process": today's model, served by the baseline's code where one is compared,
+    # unpinned where measured so, to clients that send text where they do
+    today: Variant = (0, pins[0], BASELINE if compared else THIS, inputs[0])
     base = float(np.mean([s.rows_per_s for s in results[today]]))
     base_cpu = float(np.mean([sum(s.cpu_us_per_request.values()) for s in results[today]]))
     print(

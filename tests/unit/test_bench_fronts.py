@@ -34,3 +34,11 @@ def test_a_process_that_is_gone_has_no_switches_to_read():
 
 def test_the_floor_is_labelled_as_no_layout_of_the_project():
     assert "floor" in label(FLOOR) and label(1) == "1 front" and label(0) == "one process"
+
+
+def test_a_variant_whose_clients_send_token_ids_says_so():
+    from bench.fronts import variant_label
+
+    assert variant_label((1, False, "this checkout", "text"), compared=False) == "1 front"
+    assert variant_label((1, True, "this checkout", "ids"), False) == "1 front, pinned, token ids"
+    assert variant_label((0, False, "baseline", "ids"), True) == "one process, token ids, baseline"
