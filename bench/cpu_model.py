@@ -47,6 +47,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,6 +57,9 @@ from bench.errors import BenchError, reports_errors
 from bench.paths import LENGTHS, ROOT
 from bench.sim.cpu import TRITON_CEILING_PER_S, CpuCosts, Layout, Served, cpu_ceilings, predict
 from builder.cores import default_fronts
+
+if TYPE_CHECKING:  # bench.fronts starts servers: imported where a measurement runs
+    from bench.fronts import Served as FrontsServed
 
 COSTS_FILE = ROOT / "bench" / "data" / "cpu_costs.json"
 PLOT = ROOT / "docs" / "cpu_model.png"
@@ -69,6 +73,23 @@ NODE_CLIENTS = {1: 256, 64: 16}
 LAYOUTS = (0, 1, 2)  # today's one process, then 1 and 2 fronts (bench.fronts.variant)
 # --pin-cores: the variants measured unpinned, pinned (pin_cores), or both side by side
 PINS = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def served_point(
+    round_number: int, fronts: int | str, pinned: bool, rows: int, served: FrontsServed
+) -> dict[str, object]:
+    """One measured point as bench/data/cpu_costs.json keeps it."""
+    return {
+        "round": round_number,
+        "fronts": fronts,
+        "pinned": pinned,
+        "rows": rows,
+        "clients": CLIENTS[rows],
+        "rows_per_s": served.rows_per_s,
+        "cpu_us_per_request": served.cpu_us_per_request,
+        "client_us_per_request": served.other_us_per_request,
+        "stable": served.stable,
+    }
 
 
 def measure(
@@ -86,17 +107,7 @@ def measure(
                 served = serve_once(
                     repository, fronts, CLIENTS[rows], rows, Path(tmp), ms, "zero", pinned=pinned
                 )
-                point = {
-                    "round": r + 1,
-                    "fronts": fronts,
-                    "pinned": pinned,
-                    "rows": rows,
-                    "clients": CLIENTS[rows],
-                    "rows_per_s": served.rows_per_s,
-                    "cpu_us_per_request": served.cpu_us_per_request,
-                    "client_us_per_request": served.other_us_per_request,
-                    "stable": served.stable,
-                }
+                point = served_point(r + 1, fronts, pinned, rows, served)
                 points.append(point)
                 print(json.dumps(point), flush=True)
     return {"cores": os.cpu_count(), "measurement_ms": ms, "points": points}
@@ -227,17 +238,7 @@ def measure_token_ids(
                     pinned=pinned,
                     token_ids=True,
                 )
-                point: dict[str, object] = {
-                    "round": r + 1,
-                    "fronts": fronts,
-                    "pinned": pinned,
-                    "rows": 1,
-                    "clients": CLIENTS[1],
-                    "rows_per_s": served.rows_per_s,
-                    "cpu_us_per_request": served.cpu_us_per_request,
-                    "client_us_per_request": served.other_us_per_request,
-                    "stable": served.stable,
-                }
+                point = served_point(r + 1, fronts, pinned, 1, served)
                 points.append(point)
                 print(json.dumps(point), flush=True)
     return points
@@ -263,8 +264,7 @@ def costs_of(points: list[dict], fronts: int, rows: int, pinned: bool = False) -
     ``rows`` rows per request; the serial time of one front (one process) from the runs where
     one front (one process) served alone: 1 / its requests/s."""
     mine = runs_of(points, fronts, rows, pinned)
-    roles = {role for p in mine for role in p["cpu_us_per_request"]}
-    us = {role: float(np.mean([p["cpu_us_per_request"][role] for p in mine])) for role in roles}
+    us = mean_costs(mine)
     us["client"] = float(np.mean([p["client_us_per_request"] for p in mine]))
     alone = runs_of(points, min(fronts, 1), rows, pinned)
     requests_per_s = float(np.mean([p["rows_per_s"] / rows for p in alone]))

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from builder.calibrate import fit_times
-from builder.torch_check import CORPUS_LENGTHS, SEED, Target, time_grid, write_engine
+from builder.torch_check import CORPUS_LENGTHS, SEED, target_on, time_grid, write_engine
 from python_backend.cost_models import CostModel
 from python_backend.engines.torch_engine import TorchEngine
 from python_backend.manifest import Manifest
@@ -165,15 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: torch sees no CUDA device", file=sys.stderr)
+    target = target_on(args.device)
+    if target is None:
         return 2
-    target = Target(
-        device, "minilm" if device == "cuda" else "tiny", "fp16" if device == "cuda" else "fp32"
-    )
     with tempfile.TemporaryDirectory(prefix="overlap-check-") as folder:
         manifest = write_engine(target, Path(folder))
         engine = TorchEngine(manifest, Path(folder))

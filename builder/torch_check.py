@@ -82,6 +82,19 @@ class Target:
         return "CPU"
 
 
+def target_on(device: str, model: str | None = None) -> Target | None:
+    """What a check runs for ``--device`` auto|cuda|cpu: MiniLM's shape in FP16 on a GPU, the
+    tiny BERT in FP32 on the CPU (``model``: another of MODELS); None, said on stderr, where
+    cuda is asked for and torch sees none."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: torch sees no CUDA device", file=sys.stderr)
+        return None
+    model = model or ("minilm" if device == "cuda" else "tiny")
+    return Target(device, model, "fp16" if device == "cuda" else "fp32")
+
+
 def build_module(model: str) -> EmbeddingHead:
     """The model from its config with a fixed seed, mean-pooled and normalised."""
     import transformers
@@ -272,14 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         "--work-dir", type=Path, help="where the engine's files go (default: a temporary folder)"
     )
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: torch sees no CUDA device", file=sys.stderr)
+    target = target_on(args.device, args.model)
+    if target is None:
         return 2
-    model = args.model or ("minilm" if device == "cuda" else "tiny")
-    target = Target(device, model, "fp16" if device == "cuda" else "fp32")
     command = " ".join(["python -m builder.gpu_check --engine torch", shlex.join(argv or [])])
     if args.work_dir is not None:
         ok = run_check(target, args.work_dir, args.table_out, command)
