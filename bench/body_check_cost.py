@@ -45,8 +45,8 @@ class Body:
     """One kind of body: how it is sent, and the rules' check of it in this process."""
 
     name: str
-    send: Callable[[], None]
-    check: Callable[[], None]
+    send: Callable[[], object]
+    check: Callable[[], object]
     repeat: float  # a share of --requests: large bodies are sent fewer times
 
 
@@ -55,7 +55,7 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-def one_row_http(port: int, binary: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+def one_row_http(port: int, binary: bool) -> tuple[Callable[[], object], Callable[[], object]]:
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     tensor = httpclient.InferInput("TEXT", [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[b"a one-row request"]], dtype=object), binary_data=binary)
@@ -63,11 +63,11 @@ def one_row_http(port: int, binary: bool) -> tuple[Callable[[], None], Callable[
     limits = BodyLimits()
     return (
         lambda: client.infer(MODEL, [tensor]),
-        lambda: check_json_request(body, header_length, limits),
+        lambda: check_json_request(body, header_length, limits).body(),
     )
 
 
-def one_row_grpc(port: int) -> tuple[Callable[[], None], Callable[[], None]]:
+def one_row_grpc(port: int) -> tuple[Callable[[], object], Callable[[], object]]:
     from tritonclient.grpc import service_pb2
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -126,13 +126,13 @@ def bodies(http_port: int, grpc_port: int) -> list[Body]:
         Body(
             f"{len(json_body) / 2**20:.1f} MB JSON, {json_body.count(b',') + 1} INT64 ids",
             lambda: post_raw(http_port, json_body, {"Content-Type": "application/json"}),
-            lambda: check_json_request(json_body, None, limits),
+            lambda: check_json_request(json_body, None, limits).body(),
             0.02,
         ),
         Body(
             f"{len(binary_body) / 2**20:.1f} MB binary, 2048 BYTES rows",
             lambda: post_raw(http_port, binary_body, binary_headers),
-            lambda: check_json_request(binary_body, header_length, limits),
+            lambda: check_json_request(binary_body, header_length, limits).body(),
             0.05,
         ),
     ]

@@ -1,6 +1,8 @@
 """The body check's two servers: KServe HTTP ``infer`` and gRPC ``ModelInfer`` /
-``ModelStreamInfer``, each body checked (``rules``) and, when it passes, sent on to Triton as it
-came, byte for byte; Triton's answer comes back the same way.
+``ModelStreamInfer``, each body checked (``rules``) and, when it passes, sent on to Triton: an
+HTTP body's JSON as the check wrote it again from what it judged (binary tensors unchanged), so
+Triton reads exactly what was judged; a gRPC message byte for byte, since Triton reads it with the
+same protobuf rules. Triton's answer comes back as it came.
 
 The front door routes only these inference calls here; everything else it sends to Triton
 directly. A refused body never reaches Triton: HTTP 400 in Triton's error shape, gRPC
@@ -45,6 +47,8 @@ HOP_HEADERS = frozenset(
         "content-length",
     }
 )
+# ... and the header length, which the check sets to that of the JSON it writes
+PASSED_ANEW = HOP_HEADERS | {HEADER_LENGTH.lower()}
 # Triton's answer headers the client needs
 ANSWER_HEADERS = ("Content-Type", HEADER_LENGTH, "Content-Encoding")
 
@@ -63,13 +67,18 @@ class CheckSettings:
     limits: BodyLimits = field(default_factory=BodyLimits)
 
 
-def header_length_of(value: str | None) -> int | None:
-    if value is None:
+def header_length_of(values: list[str]) -> int | None:
+    """The binary-tensor header's length: absent, or once, in plain ASCII digits (Python's
+    ``int`` would also take a sign, underscores and other scripts' digits, which Triton does
+    not); the check forwards the length of the JSON it writes, never this value."""
+    if not values:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise Refused(f"{HEADER_LENGTH} {value!r} is not an integer") from None
+    if len(values) > 1:
+        raise Refused(f"{HEADER_LENGTH} is sent {len(values)} times; send it once")
+    value = values[0]
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        raise Refused(f"{HEADER_LENGTH} {value[:40]!r} is not a length in plain digits")
+    return int(value)
 
 
 def error_answer(status: int, message: str) -> web.Response:
@@ -114,14 +123,18 @@ class HttpCheck:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         try:
-            header_length = header_length_of(request.headers.get(HEADER_LENGTH))
-            check_json_request(body, header_length, self.settings.limits)
+            header_length = header_length_of(request.headers.getall(HEADER_LENGTH, []))
+            passed = check_json_request(body, header_length, self.settings.limits)
         except Refused as refused:
             return error_answer(400, str(refused))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in PASSED_ANEW}
+        if passed.binary_extension:
+            headers[HEADER_LENGTH] = str(len(passed.header))
         assert self.session is not None
         try:
-            async with self.session.post(request.path_qs, data=body, headers=headers) as answer:
+            async with self.session.post(
+                request.path_qs, data=passed.body(), headers=headers
+            ) as answer:
                 payload = await answer.read()
                 kept = {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
                 return web.Response(status=answer.status, body=payload, headers=kept)

@@ -11,7 +11,7 @@ docs/SECURITY.md has the table of what each rule covers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,52 @@ OUTPUT_KEYS = frozenset({"name", "parameters"})
 SHARED_MEMORY_PARAMETERS = frozenset(
     {"shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"}
 )
+
+
+UINT64_MAX = (1 << 64) - 1
+
+
+def _is_uint64(value: object) -> bool:
+    return type(value) is int and 0 <= value <= UINT64_MAX  # bool is an int subclass: not one
+
+
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
+def _is_sequence_id(value: object) -> bool:
+    return _is_uint64(value) or type(value) is str
+
+
+# The parameters Triton reads itself, with what each must be in JSON (what Triton 2.51's
+# ParseJsonTritonParams asks its reader for). Any other value gets HTTP 500 from it, since its
+# reader's type error is INTERNAL: here a 400 naming the parameter. Names of its own, `triton_*`,
+# it refuses; so does the check, with the same reason, before it parses anything else.
+_UINT64 = ("an integer in [0, 2^64-1]", _is_uint64)
+_BOOL = ("true or false", _is_bool)
+RESERVED_REQUEST_PARAMETERS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "sequence_id": ("an integer in [0, 2^64-1] or a string", _is_sequence_id),
+    "sequence_start": _BOOL,
+    "sequence_end": _BOOL,
+    "binary_data_output": _BOOL,
+    "priority": _UINT64,
+    "timeout": _UINT64,
+}
+RESERVED_OUTPUT_PARAMETERS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "binary_data": _BOOL,
+    "classification": _UINT64,
+}
+# gRPC: the InferParameter fields Triton 2.51 takes for each (SetInferenceRequestMetadata), and
+# whether a negative int64 is refused (Triton takes a negative timeout as a huge unsigned one)
+RESERVED_GRPC_PARAMETERS: dict[str, tuple[frozenset[str], bool]] = {
+    "sequence_id": (frozenset({"int64_param", "string_param"}), False),
+    "sequence_start": (frozenset({"bool_param"}), False),
+    "sequence_end": (frozenset({"bool_param"}), False),
+    "priority": (frozenset({"int64_param", "uint64_param"}), True),
+    "timeout": (frozenset({"int64_param"}), True),
+}
+GRPC_OWN_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+TRITON_PREFIX = "triton_"
 
 
 class Refused(ValueError):
@@ -163,8 +209,14 @@ def count_data(name: str, datatype: str, data: object, max_depth: int) -> int:
     raise Refused(f"input {name!r}: data is nested deeper than its shape's {max_depth} dimensions")
 
 
-def check_parameters(where: str, parameters: object, limits: BodyLimits) -> Mapping[str, Any]:
-    """Parameters are flat: names to a string, number or boolean; no shared memory."""
+def check_parameters(
+    where: str,
+    parameters: object,
+    limits: BodyLimits,
+    reserved: Mapping[str, tuple[str, Callable[[object], bool]]] | None = None,
+) -> Mapping[str, Any]:
+    """Parameters are flat: names to a string, number or boolean; no shared memory; each of
+    Triton's own (``reserved``) of the kind Triton reads it as."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -175,6 +227,16 @@ def check_parameters(where: str, parameters: object, limits: BodyLimits) -> Mapp
         check_parameter_name(where, key)
         if not isinstance(value, (str, int, float, bool)):
             raise Refused(f"{where}: parameter {key!r} must be a string, number or boolean")
+        if reserved is None:
+            continue
+        if key in reserved:
+            kind, holds = reserved[key]
+            if not holds(value):
+                raise Refused(f"{where}: parameter {key!r} must be {kind}, not {value!r:.60}")
+        elif key.startswith(TRITON_PREFIX):
+            raise Refused(
+                f"{where}: parameter {key!r}: names starting {TRITON_PREFIX} are Triton's"
+            )
     return parameters
 
 
@@ -191,9 +253,24 @@ def _unknown(where: str, keys: Iterable[str], allowed: frozenset[str]) -> None:
         raise Refused(f"{where}: unknown field(s) {', '.join(map(repr, extra))}")
 
 
-def check_json_request(body: bytes, header_length: int | None, limits: BodyLimits) -> None:
+@dataclass(frozen=True)
+class PassedBody:
+    """What goes on to Triton: the JSON the check judged, written again from the object it read,
+    so that Triton reads exactly that (one value per key where the body repeated one, keys
+    unescaped, numbers in one form), then the binary tensors as they came."""
+
+    header: bytes
+    binary: bytes | memoryview
+    binary_extension: bool  # the body came with an Inference-Header-Content-Length
+
+    def body(self) -> bytes:
+        return b"".join((self.header, self.binary)) if self.binary else self.header
+
+
+def check_json_request(body: bytes, header_length: int | None, limits: BodyLimits) -> PassedBody:
     """A KServe HTTP inference body: all JSON (``header_length`` None), or a JSON header of that
-    many bytes followed by the binary tensors it declares (the binary-tensor extension)."""
+    many bytes followed by the binary tensors it declares (the binary-tensor extension). Returns
+    what Triton is to read: the JSON re-serialized from what was checked, the binary unchanged."""
     binary: bytes | memoryview
     if header_length is None:
         header, binary = body, b""
@@ -212,7 +289,7 @@ def check_json_request(body: bytes, header_length: int | None, limits: BodyLimit
     _unknown("the request", request, REQUEST_KEYS)
     if "id" in request and not isinstance(request["id"], str):
         raise Refused("the request's id must be a string")
-    check_parameters("the request", request.get("parameters"), limits)
+    check_parameters("the request", request.get("parameters"), limits, RESERVED_REQUEST_PARAMETERS)
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise Refused("the request must have a non-empty list of inputs")
@@ -225,7 +302,12 @@ def check_json_request(body: bytes, header_length: int | None, limits: BodyLimit
         if not isinstance(output, dict) or not isinstance(output.get("name"), str):
             raise Refused(f"output {i} must be an object with a name")
         _unknown(f"output {output['name']!r}", output, OUTPUT_KEYS)
-        check_parameters(f"output {output['name']!r}", output.get("parameters"), limits)
+        check_parameters(
+            f"output {output['name']!r}",
+            output.get("parameters"),
+            limits,
+            RESERVED_OUTPUT_PARAMETERS,
+        )
     offset = 0
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
@@ -259,6 +341,7 @@ def check_json_request(body: bytes, header_length: int | None, limits: BodyLimit
         offset += size
     if offset != len(binary):
         raise Refused(f"{len(binary) - offset} bytes after the last binary input")
+    return PassedBody(orjson.dumps(request), binary, header_length is not None)
 
 
 def check_grpc_request(request: Any, message_bytes: int, limits: BodyLimits) -> None:
@@ -279,6 +362,7 @@ def check_grpc_request(request: Any, message_bytes: int, limits: BodyLimits) -> 
             f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs: all or none"
         )
     check_grpc_parameters("the request", request.parameters, limits)
+    check_grpc_reserved(request.parameters)
     for output in request.outputs:
         check_grpc_parameters(f"output {output.name!r}", output.parameters, limits)
     for i, tensor in enumerate(inputs):
@@ -309,3 +393,22 @@ def check_grpc_parameters(where: str, parameters: Mapping[str, Any], limits: Bod
         raise Refused(f"{where}: {len(parameters)} parameters, at most {limits.max_parameters}")
     for key in parameters:
         check_parameter_name(where, key)
+
+
+def check_grpc_reserved(parameters: Mapping[str, Any]) -> None:
+    """A request's parameters that Triton reads itself, each in a field it takes."""
+    for key, parameter in parameters.items():
+        field_name = parameter.WhichOneof("parameter_choice")
+        if key in RESERVED_GRPC_PARAMETERS:
+            fields, unsigned = RESERVED_GRPC_PARAMETERS[key]
+            if field_name not in fields:
+                raise Refused(
+                    f"the request: parameter {key!r} must be set as {' or '.join(sorted(fields))}, "
+                    f"not {field_name}"
+                )
+            if unsigned and field_name == "int64_param" and parameter.int64_param < 0:
+                raise Refused(f"the request: parameter {key!r} must not be negative")
+        elif key.startswith(TRITON_PREFIX) and key not in GRPC_OWN_PARAMETERS:
+            raise Refused(
+                f"the request: parameter {key!r}: names starting {TRITON_PREFIX} are Triton's"
+            )

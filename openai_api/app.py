@@ -47,6 +47,10 @@ from openai_api.protocol import (
 )
 from python_backend.contract import CLIENT_PARAMETER, TRUNCATION_SIDES, ServeError
 
+# /v1/tokenize with truncation off: a text of more characters than this many per token of the
+# model's limit is refused before it is tokenized (TEI's bound: 250 x max_input_length)
+UNTRUNCATED_CHARS_PER_TOKEN = 250
+
 
 class FastJSONResponse(JSONResponse):
     """JSON written by orjson: vectors go out straight from numpy, several times faster than
@@ -223,9 +227,22 @@ def create_app(
         except ServeError as err:
             raise model_refusal(str(err)) from None
         truncate = query.truncation.truncate
-        rows = files.tokenizer.spans(
+        truncate = info.truncate_default if truncate is None else truncate
+        if not truncate:  # every token answered: bounded before tokenizing, as TEI bounds it
+            bound = UNTRUNCATED_CHARS_PER_TOKEN * files.tokenizer.max_length
+            for i, text in enumerate(query.texts):
+                if len(text) > bound:
+                    raise bad_request(
+                        f"`inputs[{i}]` has {len(text)} characters; with truncation off at most "
+                        f"{bound} ({UNTRUNCATED_CHARS_PER_TOKEN} per token of the model's "
+                        f"{files.tokenizer.max_length})",
+                        param="inputs",
+                    )
+        # tokenizing runs off the event loop: every other route keeps answering meanwhile
+        rows = await asyncio.to_thread(
+            files.tokenizer.spans,
             query.texts,
-            info.truncate_default if truncate is None else truncate,
+            truncate,
             query.truncation.side or TRUNCATION_SIDES[0],
             prompt,
         )
@@ -243,7 +260,10 @@ def create_app(
                     f"`ids[{i}]` holds the token id {bad}; this model's ids lie in [0, {vocab})",
                     param="ids",
                 )
-        return FastJSONResponse(files.tokenizer.decode(query.rows, query.skip_special_tokens))
+        texts = await asyncio.to_thread(
+            files.tokenizer.decode, query.rows, query.skip_special_tokens
+        )
+        return FastJSONResponse(texts)
 
     async def model_info(request: Request) -> Response:
         name = request.query_params.get("model")

@@ -82,24 +82,25 @@ class TextTokenizer:
         """Each text's tokens with ``prompt`` before it, cut as ``encode`` cuts them (the ids are
         ``encode``'s), and where each token lies in the text (``/v1/tokenize``)."""
         out = []
+        shift = len(prompt)
         for encoding in self._whole.encode_batch([prompt + t for t in texts]):
-            keep = np.ones(len(encoding.ids), dtype=bool)
-            if truncate:
-                keep = self._kept(encoding, len(prompt), side)
-            special = np.asarray(encoding.special_tokens_mask, dtype=bool)
-            kept = np.flatnonzero(keep)
+            # each property of a Rust Encoding builds its whole list anew: read each once
+            ids, tokens, offsets = encoding.ids, encoding.tokens, encoding.offsets
+            special = encoding.special_tokens_mask
+            kept = (
+                np.flatnonzero(self._kept(encoding, shift, side)).tolist()
+                if truncate
+                else range(len(ids))
+            )
             out.append(
                 TokenSpans(
-                    ids=[int(encoding.ids[i]) for i in kept],
-                    tokens=[str(encoding.tokens[i]) for i in kept],
+                    ids=[ids[i] for i in kept],
+                    tokens=[tokens[i] for i in kept],
                     special=[bool(special[i]) for i in kept],
                     spans=[
                         None
-                        if special[i] or encoding.offsets[i][0] < len(prompt)
-                        else (
-                            encoding.offsets[i][0] - len(prompt),
-                            encoding.offsets[i][1] - len(prompt),
-                        )
+                        if special[i] or offsets[i][0] < shift
+                        else (offsets[i][0] - shift, offsets[i][1] - shift)
                         for i in kept
                     ],
                 )

@@ -159,6 +159,9 @@ class FrontDoorSettings:
     # host:port of the body check's HTTP and gRPC servers (body_check), where inference goes
     check_http_address: str
     check_grpc_address: str
+    # host:port of the launcher's own metrics (tools.serve: serve_restarts_total), appended to
+    # Triton's at /metrics
+    serve_metrics_address: str = "127.0.0.1:18006"
     public_address: str = field(default="0.0.0.0", metadata=from_env("PUBLIC_ADDRESS", text))
     http_port: int = field(default=8000, metadata=from_env("HTTP_PORT", int_at_least(1)))
     grpc_port: int = field(default=8001, metadata=from_env("GRPC_PORT", int_at_least(1)))
@@ -224,6 +227,7 @@ class FrontDoorSettings:
             "OPENAI_ADDRESS": self.openai_address,
             "CHECK_HTTP_ADDRESS": self.check_http_address,
             "CHECK_GRPC_ADDRESS": self.check_grpc_address,
+            "SERVE_METRICS_ADDRESS": self.serve_metrics_address,
             "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
             "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",
             "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",

@@ -17,6 +17,7 @@ from tools.triton_server import ROOT, answers_ok, set_parent_death_signal
 @dataclass
 class HelperProcess:
     name: str  # as the launcher's log names it
+    part: str  # as its metrics name it (serve_restarts_total's part)
     command: list[str]
     health_url: str
     log_path: Path
@@ -24,6 +25,8 @@ class HelperProcess:
 
     def start(self, timeout_s: float = 30.0) -> HelperProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists():  # why the last one died stays readable beside the new one
+            self.log_path.replace(self.log_path.with_name(f"{self.log_path.name}.previous"))
         with self.log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(
                 self.command,
@@ -47,7 +50,8 @@ class HelperProcess:
 
     def exit_reason(self) -> str:
         assert self.process is not None
-        return f"exited with code {self.process.returncode}; its log is {self.log_path}"
+        tail = self.log_path.read_text(errors="replace")[-600:] if self.log_path.exists() else ""
+        return f"exited with code {self.process.returncode}; its log ends:\n{tail}"
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -73,7 +77,9 @@ def openai_adapter(
     command += [f"--triton-grpc={triton_grpc}", *(f"--model={m}" for m in models)]
     if repository is not None:
         command.append(f"--repository={repository}")
-    return HelperProcess("the OpenAI adapter", command, f"http://127.0.0.1:{port}/health", log_path)
+    return HelperProcess(
+        "the OpenAI adapter", "openai_adapter", command, f"http://127.0.0.1:{port}/health", log_path
+    )
 
 
 def body_check(
@@ -98,5 +104,5 @@ def body_check(
         f"--workers={workers}",
     ]
     return HelperProcess(
-        "the body check", command, f"http://127.0.0.1:{http_port}/health", log_path
+        "the body check", "body_check", command, f"http://127.0.0.1:{http_port}/health", log_path
     )

@@ -15,16 +15,17 @@
   and the requests the dead stub held end with an error). A dead queue owner of the split layout
   is reloaded alone instead (Triton runs with explicit model control, every model loaded): its
   fronts answer its requests 503 at once and reconnect when it is back, and nothing else stops.
-  Triton exiting on its own (a request that crashes Triton 2.51, say) is restarted too, after a
-  backoff that doubles from 1 s, and the reason is logged; so are the OpenAI adapter and the
-  body check. Past RESTART_LIMIT (5) failures within
-  RESTART_WINDOW_S (300 s), or when nginx exits, the launcher ends with code 1 and a message;
+  Triton exiting on its own (a request that crashes Triton 2.51, say) is restarted too, and
+  so are the OpenAI adapter and the body check when they exit or miss three /health probes in
+  a row: a part that was ever ready is always brought back, after a backoff (PartRestarts), each
+  restart logged with its cause and counted (serve_restarts_total on SERVE_METRICS_PORT, which
+  the front door appends to Triton's /metrics). Only RESTART_LIMIT (5) starts of one part in a
+  row that never became ready, or nginx exiting, end the launcher with code 1 and a message;
   nothing of any part is left running.
 - The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
   front door serves it at /v1 on the public HTTP port. The body check (body_check) listens on
   127.0.0.1:CHECK_HTTP_PORT and CHECK_GRPC_PORT (18004, 18005): the front door sends it every
-  KServe inference call, which it checks and passes to Triton. Both are brought back like
-  Triton when they exit.
+  KServe inference call, which it checks and passes to Triton.
 - `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
   deployment, whose front door and adapter are containers of their own.
 """
@@ -36,10 +37,14 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from python_backend.contract import CLIENT_PARAMETER, OWNER_SUFFIX
@@ -54,7 +59,7 @@ from tools.front_door import (
     read_env,
 )
 from tools.helpers import HelperProcess, body_check, openai_adapter
-from tools.triton_server import ROOT, TritonServer
+from tools.triton_server import ROOT, TritonServer, answers_ok
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
@@ -167,23 +172,88 @@ def probe_model(base_url: str, model: str, timeout_s: float) -> ProbeResult:
         return ProbeResult(True, f"no answer in {timeout_s:.0f} s ({err})")
 
 
+HEALTHY_RESET_S = 60.0  # a part up this long starts its next backoff from 1 s again
+MAX_BACKOFF_S = 30.0
+HELPER_MISSES = 3  # /health probes a helper misses in a row before it is restarted
+
+
 @dataclass
-class RestartBudget:
-    """How often the launcher brings a failed part back: at most ``limit`` failures within
-    ``window_s`` (then it gives up, since something keeps killing it), each restart after a
-    backoff that doubles from 1 s to 30 s while failures come close together."""
+class PartRestarts:
+    """When the launcher brings one part back (Triton, a queue owner, the adapter, the body
+    check). A part that was ever ready is always brought back, whatever a client did to it: after
+    a backoff that doubles from 1 s to 30 s while it keeps failing, and starts from 1 s again once
+    it stayed up ``HEALTHY_RESET_S``. Only starts that fail in a row (the part never became ready
+    again) are limited: ``start_limit`` of them end the launcher, since then something outside it
+    is broken."""
 
-    limit: int = 5
-    window_s: float = 300.0
-    failures: list[float] = field(default_factory=list)  # monotonic times, inside the window
+    start_limit: int = 5
+    streak: int = 0  # failures since the part last stayed up HEALTHY_RESET_S
+    failed_starts: int = 0  # starts in a row that never became ready
+    up_since: float | None = None
 
-    def record(self, now: float) -> bool:
-        """Counts a failure at ``now``; False when the budget is spent (the launcher exits)."""
-        self.failures = [t for t in self.failures if now - t < self.window_s] + [now]
-        return len(self.failures) < self.limit
+    def up(self, now: float) -> None:
+        self.up_since = now
+        self.failed_starts = 0
 
-    def backoff_s(self) -> float:
-        return min(30.0, 2.0 ** max(0, len(self.failures) - 1))
+    def failed(self, now: float) -> float:
+        """A failure at ``now``; the backoff before the next start."""
+        if self.up_since is not None and now - self.up_since >= HEALTHY_RESET_S:
+            self.streak = 0
+        self.up_since = None
+        self.streak += 1
+        return min(MAX_BACKOFF_S, 2.0 ** (self.streak - 1))
+
+    def start_failed(self) -> bool:
+        """Counts a start that never became ready; False once ``start_limit`` came in a row."""
+        self.failed_starts += 1
+        return self.failed_starts < self.start_limit
+
+
+class RestartCounts:
+    """``serve_restarts_total{part,cause}``, served on the launcher's metrics port (the front
+    door appends it to Triton's /metrics)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, part: str, cause: str) -> None:
+        with self._lock:
+            self._counts[(part, cause)] += 1
+
+    def exposition(self) -> str:
+        with self._lock:
+            counts = sorted(self._counts.items())
+        lines = [
+            "# HELP serve_restarts_total Parts of the deployment the launcher brought back, by cause",
+            "# TYPE serve_restarts_total counter",
+            *(f'serve_restarts_total{{part="{p}",cause="{c}"}} {n}' for (p, c), n in counts),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def serve_metrics(counts: RestartCounts, address: str, port: int) -> ThreadingHTTPServer:
+    """``GET /metrics`` on ``address:port``, in a thread of its own, until ``shutdown()``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            body = counts.exposition().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="serve-metrics", daemon=True).start()
+    return server
 
 
 @dataclass
@@ -223,11 +293,17 @@ class ServeSettings:
         default=10.0, metadata=from_env("PROBE_TIMEOUT_S", number_at_least(0.05))
     )
     exit_timeout_s: int = field(default=30, metadata=from_env("EXIT_TIMEOUT_S", int_at_least(1)))
-    # failures (Triton, a model stub, the adapter) within RESTART_WINDOW_S past which the
-    # launcher stops bringing them back and exits 1
+    # starts of one part in a row that never became ready, past which the launcher exits 1; a
+    # part that was ready is always brought back (PartRestarts)
     restart_limit: int = field(default=5, metadata=from_env("RESTART_LIMIT", int_at_least(1)))
-    restart_window_s: float = field(
-        default=300.0, metadata=from_env("RESTART_WINDOW_S", number_at_least(1.0))
+    # the adapter's and the body check's /health, probed this often: three misses in a row and
+    # the helper is restarted as if it had died (a wedged event loop)
+    helper_probe_interval_s: float = field(
+        default=5.0, metadata=from_env("HELPER_PROBE_INTERVAL_S", number_at_least(0.05))
+    )
+    # the launcher's own metrics (serve_restarts_total), on Triton's address
+    serve_metrics_port: int = field(
+        default=18006, metadata=from_env("SERVE_METRICS_PORT", int_at_least(1))
     )
     state_dir: Path = ROOT / "build" / "serve"
 
@@ -244,7 +320,10 @@ class Launcher:
         self.stopping = False
         self.restarts = 0
         self.expected_stubs: dict[int, str | None] = {}  # pid -> the model it serves
-        self.budget = RestartBudget(settings.restart_limit, settings.restart_window_s)
+        self.parts: dict[str, PartRestarts] = {}  # by part: see part()
+        self.counts = RestartCounts()
+        self.metrics_server: ThreadingHTTPServer | None = None
+        self.helper_misses: dict[str, int] = {}  # by helper name: /health probes missed in a row
 
     def log(self, message: str) -> None:
         print(f"[serve] {message}", flush=True)
@@ -305,65 +384,77 @@ class Launcher:
         alive = child_stubs(self.triton.process.pid)
         return {pid: m for pid, m in self.expected_stubs.items() if pid not in alive}
 
+    def part(self, name: str) -> PartRestarts:
+        return self.parts.setdefault(name, PartRestarts(self.settings.restart_limit))
+
+    def bring_back(self, part: str, cause: str, detail: str, start: Callable[[], object]) -> bool:
+        """Brings a failed part back with ``start`` (which raises RuntimeError when the part does
+        not become ready), after its backoff; each attempt counted by part and cause. False
+        when asked to stop, or when the part failed to start ``RESTART_LIMIT`` times in a row."""
+        rule = self.part(part)
+        while True:
+            wait = rule.failed(time.monotonic())
+            self.counts.add(part, cause)
+            self.log(f"{part} failed ({detail}); restarting it in {wait:.0f} s")
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not self.stopping:
+                time.sleep(0.1)
+            if self.stopping:
+                return False
+            try:
+                start()
+            except RuntimeError as err:
+                self.log(str(err))
+                if not rule.start_failed():
+                    self.log(
+                        f"{part} did not start {rule.failed_starts} times in a row: giving up, "
+                        "stopping everything"
+                    )
+                    return False
+                cause, detail = "start_failed", "it did not start"
+                continue
+            rule.up(time.monotonic())
+            return not self.stopping
+
     def bring_owners_back(self, owners: list[str]) -> bool:
         """Reloads dead queue owners alone: their fronts answer 503 meanwhile and reconnect by
         themselves, Triton and every other model keep serving. A reload that fails restarts
-        Triton. False when the budget is spent or a stop was asked."""
-        if not self.spend_restart(f"queue owner(s) {', '.join(owners)}", "a stub died", False):
-            return False
+        Triton. False when asked to stop or when Triton no longer starts."""
         assert self.triton is not None
         base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
-        started = time.monotonic()
-        for owner in owners:
-            self.log(f"reloading {owner} (its stub died)")
-            failure = reload_model(base, owner, self.admin_key, timeout_s=120.0)
-            if failure is not None:
-                return self.bring_triton_back(f"reloading {owner} failed: {failure}")
-        self.expected_stubs = self.stubs_now()
-        self.log(f"{', '.join(owners)} back after {time.monotonic() - started:.1f} s")
-        return True
+        failed: list[str] = []
 
-    def unhealthy_reason(self) -> str | None:
-        """Why the model cannot serve, or None; cheap checks first."""
+        def reload() -> None:
+            started = time.monotonic()
+            for owner in owners:
+                self.log(f"reloading {owner} (its stub died)")
+                failure = reload_model(base, owner, self.admin_key, timeout_s=120.0)
+                if failure is not None:
+                    failed.append(f"reloading {owner} failed: {failure}")
+                    return
+            self.expected_stubs = self.stubs_now()
+            self.log(f"{', '.join(owners)} back after {time.monotonic() - started:.1f} s")
+
+        if not self.bring_back("queue_owner", "stub_died", ", ".join(owners), reload):
+            return False
+        return not failed or self.bring_triton_back("reload_failed", failed[0])
+
+    def unhealthy_reason(self) -> tuple[str, str] | None:
+        """Why the model cannot serve (a cause, and what was seen), or None; cheap checks first."""
         assert self.triton is not None and self.triton.process is not None
         missing = self.dead_stubs()
         if missing:
-            return f"model stub process(es) {sorted(missing)} died"
+            return "stub_died", f"model stub process(es) {sorted(missing)} died"
         base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
         for model in self.settings.models:
             result = probe_model(base, model, self.settings.probe_timeout_s)
             if not result.healthy:
-                return f"probe of {model} failed: {result.detail}"
+                return "probe_failed", f"probe of {model} failed: {result.detail}"
         return None
 
-    def bring_triton_back(self, reason: str, backoff: bool = True) -> bool:
-        """Restarts Triton until it is ready, each failure (one that dies while starting too)
-        counted against the budget; False when the budget is spent or a stop was asked."""
-        while True:
-            if not self.spend_restart("Triton", reason, backoff):
-                return False
-            try:
-                self.restart_triton(reason)
-                return not self.stopping
-            except RuntimeError as err:  # it died again before it was ready
-                self.log(str(err))
-                reason = "it exited while starting"
-
-    def spend_restart(self, what: str, reason: str, backoff: bool = True) -> bool:
-        """Counts a failure; waits out the backoff (False: the budget is spent, or asked to
-        stop meanwhile)."""
-        if not self.budget.record(time.monotonic()):
-            self.log(
-                f"{what} failed ({reason}); {len(self.budget.failures)} failures within "
-                f"{self.budget.window_s:.0f} s: giving up, stopping everything"
-            )
-            return False
-        wait = self.budget.backoff_s() if backoff else 0.0
-        self.log(f"{what} failed ({reason}); restarting it in {wait:.0f} s")
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not self.stopping:
-            time.sleep(0.1)
-        return not self.stopping
+    def bring_triton_back(self, cause: str, detail: str) -> bool:
+        """Restarts Triton until it is ready (``bring_back``'s rule)."""
+        return self.bring_back("triton", cause, detail, lambda: self.restart_triton(detail))
 
     def restart_triton(self, reason: str) -> None:
         assert self.triton is not None
@@ -374,7 +465,7 @@ class Launcher:
         self.triton.stop(grace_s=2.0)
         log = self.settings.state_dir / "triton.log"
         if log.exists():  # the failed server's log stays readable beside the new one
-            log.replace(log.with_name(f"triton.{self.restarts}.log"))
+            log.replace(log.with_name("triton.previous.log"))
         if self.start_triton():
             self.log(f"Triton is back after {time.monotonic() - started:.1f} s")
 
@@ -406,10 +497,15 @@ class Launcher:
         try:
             if not self.start_triton():
                 return 0
+            self.part("triton").up(time.monotonic())
+            self.metrics_server = serve_metrics(
+                self.counts, self.settings.triton_address, self.settings.serve_metrics_port
+            )
             if self.settings.front_door is not None:
                 self.helpers = self.new_helpers()
                 for helper in self.helpers:
                     helper.start()
+                    self.part(helper.part).up(time.monotonic())
                 self.front_door = FrontDoor(
                     self.settings.front_door, self.settings.state_dir / "nginx"
                 ).start()
@@ -422,22 +518,29 @@ class Launcher:
             self.shutdown()
 
     def watch(self) -> int:
+        """Brings back whatever fails until asked to stop (0); 1 when the front door exits or a
+        part no longer starts."""
         next_probe = time.monotonic() + self.settings.probe_interval_s
+        next_helper_probe = time.monotonic() + self.settings.helper_probe_interval_s
         while not self.stopping:
             time.sleep(0.1)
             if not self.triton_running():
                 self.log(self.triton_exit_message("unexpectedly"))
-                if not self.bring_triton_back("it exited"):
+                if not self.bring_triton_back("exited", "it exited"):
                     return 1 if not self.stopping else 0
                 continue
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
                 return 1
-            exited = next((h for h in self.helpers if not h.running()), None)
-            if exited is not None:
-                if not self.spend_restart(exited.name, exited.exit_reason()):
+            failing = self.failed_helper(time.monotonic() >= next_helper_probe)
+            if time.monotonic() >= next_helper_probe:
+                next_helper_probe = time.monotonic() + self.settings.helper_probe_interval_s
+            if failing is not None:
+                helper, cause, detail = failing
+                helper.stop(grace_s=2.0)
+                self.helper_misses[helper.name] = 0
+                if not self.bring_back(helper.part, cause, detail, helper.start):
                     return 1 if not self.stopping else 0
-                exited.start()
                 continue
             if time.monotonic() >= next_probe:
                 dead = self.dead_stubs()
@@ -447,15 +550,33 @@ class Launcher:
                     next_probe = time.monotonic() + self.settings.probe_interval_s
                     continue
                 unhealthy = self.unhealthy_reason()
-                # a dead stub is restarted at once: requests in flight already failed
                 if (
                     unhealthy is not None
                     and not self.stopping
-                    and not self.bring_triton_back(unhealthy, backoff=False)
+                    and not self.bring_triton_back(*unhealthy)
                 ):
                     return 1 if not self.stopping else 0
                 next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
+
+    def failed_helper(self, probe: bool) -> tuple[HelperProcess, str, str] | None:
+        """A helper that exited, or (when ``probe``) missed its third /health probe in a row:
+        with the cause and what was seen."""
+        for helper in self.helpers:
+            if not helper.running():
+                return helper, "exited", helper.exit_reason()
+        if not probe:
+            return None
+        timeout_s = min(5.0, self.settings.helper_probe_interval_s)
+        for helper in self.helpers:
+            if answers_ok(helper.health_url, timeout_s):
+                self.helper_misses[helper.name] = 0
+                continue
+            misses = self.helper_misses.get(helper.name, 0) + 1
+            self.helper_misses[helper.name] = misses
+            if misses >= HELPER_MISSES:
+                return helper, "unresponsive", f"{misses} health probes missed in a row"
+        return None
 
     def new_helpers(self) -> list[HelperProcess]:
         """The adapter and the body check, on loopback, in front of Triton's own ports."""
@@ -483,6 +604,8 @@ class Launcher:
         ]
 
     def shutdown(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
         # the front door first: no new requests, then Triton answers what it holds
         if self.front_door is not None:
             self.front_door.stop()
@@ -533,6 +656,7 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
             openai_address=f"127.0.0.1:{settings.openai_port}",
             check_http_address=f"127.0.0.1:{settings.check_http_port}",
             check_grpc_address=f"127.0.0.1:{settings.check_grpc_port}",
+            serve_metrics_address=f"{address}:{settings.serve_metrics_port}",
             **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
         )
     except (BadValue, FrontDoorError) as err:

@@ -53,6 +53,7 @@ class Stack:
             "OPENAI",
             "CHECK_HTTP",
             "CHECK_GRPC",
+            "SERVE_METRICS",
         )
         self.ports = {name: free_port() for name in names}
 
@@ -128,6 +129,12 @@ class Stack:
         ).stdout.split()
         assert out, "no tritonserver of this stack is running"
         return int(out[0])
+
+    def metrics_samples(self, name: str, **labels: str) -> list:
+        """Samples of one series on the front door's metrics port (Triton's and the launcher's)."""
+        from testkit.prometheus import samples_of, scrape
+
+        return samples_of(scrape(f"http://127.0.0.1:{self.metrics_port}/metrics"), name, **labels)
 
     def server_processes(self) -> set[int]:
         """Every process the launcher runs (Triton, its stubs, nginx, the adapter, the body

@@ -79,6 +79,24 @@ def test_tokenize_without_special_tokens_and_without_truncation(stack):
     assert (first["start"], first["stop"]) == (0, 4) and first["text"] == LONG[0:4] == "word"
 
 
+def test_tokenize_answers_a_long_untruncated_text_whole_and_refuses_one_past_its_bound(
+    stack, tokenizer
+):
+    text = "!" * 6000  # one token a character: every token answered, each span its own
+    (row,) = ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": text, "truncate": False})
+    assert [t["id"] for t in row] == tokenizer.encode([text], truncate=False)[0].tolist()
+    assert [(t["start"], t["stop"]) for t in row[1:-1]] == [(i, i + 1) for i in range(6000)]
+    bound = 250 * 256
+    inputs = ["short", "x" * (bound + 1)]
+    status, answer = call(stack, "/v1/tokenize", {"model": "minilm", "inputs": inputs})
+    assert status == 200, "truncated, any length the body allows is tokenized"
+    status, answer = call(
+        stack, "/v1/tokenize", {"model": "minilm", "inputs": inputs, "truncate": False}
+    )
+    assert status == 400 and answer["error"]["param"] == "inputs", answer
+    assert f"`inputs[1]` has {bound + 1} characters" in answer["error"]["message"]
+
+
 def test_decode_turns_ids_back_into_text(stack):
     rows = ok(stack, "/v1/tokenize", {"model": "minilm", "inputs": ["Hello world", "a b"]})
     ids = [[t["id"] for t in row] for row in rows]

@@ -270,3 +270,53 @@ def test_a_request_parameter_naming_the_client_is_the_doors_alone():
     request = grpc_request({"TEXT": TEXTS})
     request.parameters["x-planner-client"].string_param = "me"
     assert "set by the front door" in grpc_refused(request)
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "why"),
+    [
+        ("priority", "string_param", "high", "set as int64_param or uint64_param"),
+        ("priority", "int64_param", -1, "must not be negative"),
+        ("timeout", "int64_param", -5, "must not be negative"),  # Triton: a huge unsigned one
+        ("timeout", "uint64_param", 5, "set as int64_param, not uint64_param"),
+        ("sequence_start", "int64_param", 1, "set as bool_param"),
+        ("triton_internal", "bool_param", True, "names starting triton_ are Triton's"),
+    ],
+)
+def test_a_grpc_reserved_parameter_in_a_field_triton_does_not_take_is_refused(
+    key, field, value, why
+):
+    request = grpc_request({"TEXT": TEXTS})
+    setattr(request.parameters[key], field, value)
+    message = grpc_refused(request)
+    assert repr(key) in message and why in message
+
+
+def test_grpc_reserved_parameters_triton_takes_pass():
+    request = grpc_request({"TEXT": TEXTS})
+    request.parameters["priority"].uint64_param = 2
+    request.parameters["timeout"].int64_param = 1000
+    request.parameters["sequence_id"].string_param = "s"
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    read_infer_request(request.SerializeToString(), LIMITS)
+
+
+def test_json_parameters_of_triton_own_names_are_refused_at_every_level():
+    assert "'classification' must be an integer" in refused(
+        json_body(
+            text_input([1, 1], ["x"]),
+            outputs=[{"name": "SCORES", "parameters": {"classification": "3"}}],
+        )
+    )
+    assert "'triton_x': names starting triton_" in refused(
+        json_body(text_input([1, 1], ["x"]), parameters={"triton_x": 1})
+    )
+
+
+def test_the_passed_json_is_the_checked_object_written_again():
+    body = (
+        b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,9],"shape":[1,1],"data":["x"]}]}'
+    )
+    passed = check_json_request(body, None, LIMITS)
+    assert orjson.loads(passed.body()) == orjson.loads(body)
+    assert passed.body().count(b'"shape"') == 1 and not passed.binary_extension

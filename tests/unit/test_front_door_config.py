@@ -106,35 +106,52 @@ def test_nginx_accepts_the_rendered_configuration(tmp_path, api_key):
         door.stop()
 
 
-def test_the_restart_budget_backs_off_and_runs_out_within_its_window():
-    from tools.serve import RestartBudget
+def test_a_part_backs_off_while_it_keeps_failing_and_afresh_once_it_stayed_up():
+    from tools.serve import HEALTHY_RESET_S, PartRestarts
 
-    budget = RestartBudget(limit=3, window_s=100.0)
-    assert budget.record(0.0) and budget.backoff_s() == 1.0
-    assert budget.record(10.0) and budget.backoff_s() == 2.0
-    assert not budget.record(20.0), "the third failure within 100 s spends the budget"
-    fresh = RestartBudget(limit=3, window_s=100.0)
-    assert fresh.record(0.0) and fresh.record(10.0)
-    assert fresh.record(150.0), "failures older than the window no longer count"
-    assert fresh.failures == [150.0] and fresh.backoff_s() == 1.0
-    assert RestartBudget(limit=100, window_s=1e9, failures=[0.0] * 20).backoff_s() == 30.0
+    rule = PartRestarts(start_limit=3)
+    rule.up(0.0)
+    assert [rule.failed(1.0 + i) for i in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    rule.up(10.0)
+    assert rule.failed(10.0 + HEALTHY_RESET_S / 2) == 30, "up briefly: the backoff keeps growing"
+    rule.up(100.0)
+    assert rule.failed(100.0 + HEALTHY_RESET_S) == 1, "up a minute: from 1 s again"
+    assert rule.start_failed() and rule.start_failed()
+    assert not rule.start_failed(), "three starts in a row that never became ready: give up"
+    rule.up(200.0)
+    assert rule.failed_starts == 0 and rule.start_failed(), "a ready start clears the count"
 
 
-def test_a_triton_that_dies_while_starting_is_retried_within_the_budget(tmp_path):
-    from tools.serve import Launcher, ServeSettings
+def test_the_launcher_brings_a_part_back_however_often_it_dies_and_counts_each_cause(
+    tmp_path, monkeypatch
+):
+    import tools.serve
+    from testkit.prometheus import samples_of, scrape
+    from tools.serve import Launcher, ServeSettings, serve_metrics
+    from tools.triton_server import free_port
 
-    launcher = Launcher(ServeSettings(tmp_path, ["m"], restart_limit=4, state_dir=tmp_path))
-    attempts = []
+    monkeypatch.setattr(tools.serve, "MAX_BACKOFF_S", 0.0)
+    launcher = Launcher(ServeSettings(tmp_path, ["m"], restart_limit=3, state_dir=tmp_path))
+    for _ in range(10):  # far past RESTART_LIMIT deaths: each one is brought back
+        assert launcher.bring_back("triton", "exited", "it exited", lambda: None)
+    assert launcher.bring_back("body_check", "unresponsive", "3 probes missed", lambda: None)
+    assert not launcher.bring_back(
+        "triton",
+        "exited",
+        "it exited",
+        lambda: (_ for _ in ()).throw(RuntimeError("exited while starting")),
+    ), "RESTART_LIMIT (3) starts in a row that never became ready end the launcher"
+    port = free_port()
+    server = serve_metrics(launcher.counts, "127.0.0.1", port)
+    try:
+        samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
 
-    def restart(reason):
-        attempts.append(reason)
-        if len(attempts) < 3:
-            raise RuntimeError("tritonserver exited while starting (code -9)")
+    def count(part: str, cause: str) -> float:
+        (sample,) = samples_of(samples, "serve_restarts_total", part=part, cause=cause)
+        return sample.value
 
-    launcher.restart_triton = restart  # type: ignore[method-assign]
-    assert launcher.bring_triton_back("it exited", backoff=False)
-    assert attempts == ["it exited", "it exited while starting", "it exited while starting"]
-    assert len(launcher.budget.failures) == 3
-    # one more failure spends the budget of 4: the launcher gives up instead of looping
-    launcher.restart_triton = lambda reason: (_ for _ in ()).throw(RuntimeError("dead"))  # type: ignore[method-assign]
-    assert not launcher.bring_triton_back("it exited", backoff=False)
+    assert count("triton", "exited") == 11
+    assert count("triton", "start_failed") == 2
+    assert count("body_check", "unresponsive") == 1

@@ -67,3 +67,24 @@ def test_an_index_that_keeps_failing_ends_at_the_deadline_without_loading(reposi
     failure = reload_model(base, "m_owner", "key", timeout_s=0.5)
     assert failure is not None and "index answered 500" in failure
     assert "/models/m_owner/load" not in handler.calls
+
+
+def test_the_compose_liveness_probe_stops_the_container_at_the_third_miss_in_a_row(tmp_path):
+    import subprocess
+
+    from tools.liveness import probe
+    from tools.triton_server import free_port
+
+    nobody = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
+    target = subprocess.Popen(["sleep", "60"])  # stands for the container's first process
+    state = tmp_path / "misses"
+    try:
+        assert probe(nobody, 3, 0.2, state, target.pid) == 1
+        assert probe(nobody, 3, 0.2, state, target.pid) == 1
+        assert target.poll() is None, "two misses: the container keeps running"
+        assert probe(nobody, 3, 0.2, state, target.pid) == 1
+        assert target.wait(timeout=5) == -15, "the third miss in a row stops it (SIGTERM)"
+        assert not state.exists(), "the next container starts counting from zero"
+    finally:
+        target.kill()
+        target.wait()
