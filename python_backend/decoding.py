@@ -64,7 +64,7 @@ class Prompts:
             known = ", ".join(sorted(self.by_name)) or "none"
             raise ServeError(
                 Reason.BAD_PARAMETER,
-                f"parameter prompt_name {name!r} is not a prompt of this model (its prompts: "
+                f"parameter prompt_name {name[:64]!r} is not a prompt of this model (its prompts: "
                 f"{known})",
             )
         return self.by_name[name]
@@ -95,7 +95,7 @@ def parse_options(
     if prompt_name is not None and not isinstance(prompt_name, str):
         raise ServeError(
             Reason.BAD_PARAMETER,
-            f"parameter prompt_name must be a string, got {prompt_name!r}",
+            f"parameter prompt_name must be a string, got {prompt_name!r:.64}",
         )
     client = parameters.get(CLIENT_PARAMETER, "")
     if not isinstance(client, str) or len(client) > MAX_CLIENT_NAME:

@@ -369,8 +369,11 @@ class FrontDoor:
         rendered = self.prefix / "front-door.conf"
         stream_rendered = self.prefix / "front-door-stream.conf"
         keys = self.prefix / "keys.map"
-        keys.write_text(keys_map(self.settings.api_key, self.settings.named_keys()))
-        keys.chmod(0o600)
+        # created private: never readable by others, not even between writing and a chmod
+        keys.unlink(missing_ok=True)
+        descriptor = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(keys_map(self.settings.api_key, self.settings.named_keys()))
         values = self.settings.template_values(str(keys))
         rendered.write_text(render_template(TEMPLATE.read_text(), values))
         stream_rendered.write_text(render_template(STREAM_TEMPLATE.read_text(), values))

@@ -266,3 +266,9 @@ def test_unit_length_scales_each_row_and_leaves_a_zero_row_zero():
     out = unit_length(rows)
     assert out.dtype == np.float32
     assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_an_unknown_prompt_name_is_refused_without_echoing_it_whole():
+    with pytest.raises(ServeError) as info:
+        PROMPTS.prefix("q" * 100_000)
+    assert len(str(info.value)) < 300 and "is not a prompt of this model" in str(info.value)

@@ -155,3 +155,29 @@ def test_the_launcher_brings_a_part_back_however_often_it_dies_and_counts_each_c
     assert count("triton", "exited") == 11
     assert count("triton", "start_failed") == 2
     assert count("body_check", "unresponsive") == 1
+
+
+def test_the_keys_map_is_private_from_its_creation(tmp_path, monkeypatch):
+    import os
+
+    import tools.front_door
+
+    api_key = "0123456789abcdef0123"
+    keys = tmp_path / "nginx" / "keys.map"
+    seen = []
+    original = tools.front_door.keys_map
+
+    def keys_map_seeing_the_file(*args):  # runs while the file is being written
+        seen.append(keys.stat().st_mode & 0o777 if keys.exists() else None)
+        return original(*args)
+
+    monkeypatch.setattr(tools.front_door, "keys_map", keys_map_seeing_the_file)
+    previous = os.umask(0)  # the most permissive umask: the file's own mode must protect it
+    try:
+        door = FrontDoor(settings(api_key=api_key), tmp_path / "nginx")
+        door.write_config()
+        door.write_config()  # written again over the old one
+    finally:
+        os.umask(previous)
+    assert seen == [0o600, 0o600], "the key file exists with mode 0600 before a key is in it"
+    assert keys.stat().st_mode & 0o777 == 0o600 and api_key in keys.read_text()
