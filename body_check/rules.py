@@ -241,6 +241,8 @@ def check_parameters(
 
 
 def check_parameter_name(where: str, key: str) -> None:
+    if "\0" in key:  # Triton's reader cuts a name at a NUL: it would read another name
+        raise Refused(f"{where}: parameter name {key[:64]!r} holds a NUL character")
     if key in SHARED_MEMORY_PARAMETERS:
         raise Refused(f"{where}: shared memory is not served on the public port ({key})")
     if key == CLIENT_PARAMETER:  # the door's header says who the client is, nothing else

@@ -1,8 +1,10 @@
 """python3 -m tools.liveness URL [--misses 3] [--timeout-s 4]: a liveness probe for a container
 runtime that does not restart an unhealthy container (docker compose restarts only one that
 exited). Run as the container's healthcheck: exit 0 when URL answers 200; after ``--misses``
-failures in a row, SIGTERM to the container's first process, so the container exits and its
-restart policy starts it again: a wedged helper is restarted like a dead one. Kubernetes has
+failures in a row, SIGKILL to the children of the container's first process, so the container
+exits and its restart policy starts it again: a wedged helper is restarted like a dead one.
+The container runs with an init (compose's ``init: true``): a wedged event loop never reads a
+SIGTERM, and a container's own first process cannot be killed from inside it. Kubernetes has
 this built in (a livenessProbe's failureThreshold): there the plain check is enough.
 """
 
@@ -19,7 +21,7 @@ from tools.triton_server import answers_ok
 
 
 def probe(url: str, misses: int, timeout_s: float, state: Path, pid: int = 1) -> int:
-    """0 when ``url`` answered; 1 when not (and ``pid`` told to stop at the ``misses``-th)."""
+    """0 when ``url`` answered; 1 when not (and ``pid``'s children killed at the ``misses``-th)."""
     if answers_ok(url, timeout_s):
         state.unlink(missing_ok=True)
         return 0
@@ -28,8 +30,23 @@ def probe(url: str, misses: int, timeout_s: float, state: Path, pid: int = 1) ->
     if missed >= misses:
         print(f"{url} missed {missed} probes in a row: stopping the container", file=sys.stderr)
         state.unlink(missing_ok=True)
-        os.kill(pid, signal.SIGTERM)
+        for child in children(pid):
+            os.kill(child, signal.SIGKILL)
     return 1
+
+
+def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -495,12 +495,13 @@ class Launcher:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
-            if not self.start_triton():
-                return 0
-            self.part("triton").up(time.monotonic())
+            # first: a liveness probe asks it while Triton's models still load
             self.metrics_server = serve_metrics(
                 self.counts, self.settings.triton_address, self.settings.serve_metrics_port
             )
+            if not self.start_triton():
+                return 0
+            self.part("triton").up(time.monotonic())
             if self.settings.front_door is not None:
                 self.helpers = self.new_helpers()
                 for helper in self.helpers:
@@ -511,7 +512,7 @@ class Launcher:
                 ).start()
             self.log(self.ready_banner())
             return self.watch()
-        except (RuntimeError, FrontDoorError) as err:
+        except (RuntimeError, FrontDoorError, OSError) as err:  # OSError: a port taken
             self.log(f"error: {err}")
             return 1
         finally:

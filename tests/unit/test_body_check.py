@@ -320,3 +320,12 @@ def test_the_passed_json_is_the_checked_object_written_again():
     passed = check_json_request(body, None, LIMITS)
     assert orjson.loads(passed.body()) == orjson.loads(body)
     assert passed.body().count(b'"shape"') == 1 and not passed.binary_extension
+
+
+def test_a_parameter_name_holding_a_nul_is_refused():
+    # Triton cuts member names at a NUL: "priority\0" would be read as Triton's priority
+    body = json_body(text_input([1, 1], ["x"]), parameters={"priority\0": "high"})
+    assert "holds a NUL character" in refused(body)
+    request = grpc_request({"TEXT": TEXTS})
+    request.parameters["x-planner-client\0"].string_param = "me"
+    assert "holds a NUL character" in grpc_refused(request)

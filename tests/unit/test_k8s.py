@@ -266,3 +266,20 @@ def test_the_builder_counts_the_cores_triton_will_have_for_its_fronts():
     field = source["resourceFieldRef"]
     assert (field["containerName"], field["resource"]) == ("triton", "limits.cpu")
     assert "triton" in containers(pod_spec())
+
+
+def test_no_two_listeners_of_the_pod_share_a_loopback_port():
+    """One pod, one loopback: every address a container listens on is its own."""
+    pod = pod_spec()
+    listens = []
+    for container in pod["containers"]:
+        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        args = " ".join(container.get("args", []))
+        listens += re.findall(r"--(?:http-|grpc-)?listen=(?:127\.0\.0\.1)?:?(\d+)", args)
+        listens += [v.rsplit(":", 1)[-1] for k, v in env.items() if k.startswith("INNER_")]
+        listens += [v for k, v in env.items() if k.endswith("_PORT") and k != "METRICS_PORT"]
+    assert len(listens) == len(set(listens)), sorted(listens)
+    door = containers(pod)["front-door"]
+    door_env = {e["name"]: e.get("value", "") for e in door["env"]}
+    triton_env = {e["name"]: e.get("value", "") for e in containers(pod)["triton"]["env"]}
+    assert door_env["SERVE_METRICS_ADDRESS"].endswith(":" + triton_env["SERVE_METRICS_PORT"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -76,15 +77,17 @@ def test_the_compose_liveness_probe_stops_the_container_at_the_third_miss_in_a_r
     from tools.triton_server import free_port
 
     nobody = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
-    target = subprocess.Popen(["sleep", "60"])  # stands for the container's first process
+    # stands for the container's init and the helper it runs
+    init = subprocess.Popen(["sh", "-c", "sleep 60 & wait $!"])
     state = tmp_path / "misses"
     try:
-        assert probe(nobody, 3, 0.2, state, target.pid) == 1
-        assert probe(nobody, 3, 0.2, state, target.pid) == 1
-        assert target.poll() is None, "two misses: the container keeps running"
-        assert probe(nobody, 3, 0.2, state, target.pid) == 1
-        assert target.wait(timeout=5) == -15, "the third miss in a row stops it (SIGTERM)"
+        time.sleep(0.2)  # the helper started
+        assert probe(nobody, 3, 0.2, state, init.pid) == 1
+        assert probe(nobody, 3, 0.2, state, init.pid) == 1
+        assert init.poll() is None, "two misses: the container keeps running"
+        assert probe(nobody, 3, 0.2, state, init.pid) == 1
+        assert init.wait(timeout=5) == 137, "the third miss in a row kills the helper (SIGKILL)"
         assert not state.exists(), "the next container starts counting from zero"
     finally:
-        target.kill()
-        target.wait()
+        init.kill()
+        init.wait()
