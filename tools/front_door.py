@@ -161,7 +161,7 @@ class FrontDoorSettings:
     check_grpc_address: str
     # host:port of the launcher's own metrics (tools.serve: serve_restarts_total), appended to
     # Triton's at /metrics
-    serve_metrics_address: str = "127.0.0.1:18006"
+    serve_metrics_address: str = "127.0.0.1:18008"
     public_address: str = field(default="0.0.0.0", metadata=from_env("PUBLIC_ADDRESS", text))
     http_port: int = field(default=8000, metadata=from_env("HTTP_PORT", int_at_least(1)))
     grpc_port: int = field(default=8001, metadata=from_env("GRPC_PORT", int_at_least(1)))

@@ -303,7 +303,7 @@ class ServeSettings:
     )
     # the launcher's own metrics (serve_restarts_total), on Triton's address
     serve_metrics_port: int = field(
-        default=18006, metadata=from_env("SERVE_METRICS_PORT", int_at_least(1))
+        default=18008, metadata=from_env("SERVE_METRICS_PORT", int_at_least(1))
     )
     state_dir: Path = ROOT / "build" / "serve"
 
