@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.triton_server import answers_ok
+from tools.triton_server import answers_ok, child_processes
 
 
 def probe(url: str, misses: int, timeout_s: float, state: Path, pid: int = 1) -> int:
@@ -30,23 +30,9 @@ def probe(url: str, misses: int, timeout_s: float, state: Path, pid: int = 1) ->
     if missed >= misses:
         print(f"{url} missed {missed} probes in a row: stopping the container", file=sys.stderr)
         state.unlink(missing_ok=True)
-        for child in children(pid):
+        for child, _comm, _state in child_processes(pid):
             os.kill(child, signal.SIGKILL)
     return 1
-
-
-def children(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,7 @@ from tools.front_door import (
     read_env,
 )
 from tools.helpers import HelperProcess, body_check, openai_adapter
-from tools.triton_server import ROOT, TritonServer, answers_ok
+from tools.triton_server import ROOT, TritonServer, answers_ok, child_processes
 
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 STUB_BINARY = "triton_python_backend_stub"
@@ -128,21 +128,12 @@ def reload_model(base_url: str, model: str, admin_key: str, timeout_s: float) ->
 
 
 def child_stubs(pid: int) -> set[int]:
-    """Pids of the Python-backend stubs whose parent is `pid` (read from /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            # comm sits in parentheses and may hold spaces: the fields after it are fixed
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if int(ppid) == pid and state != "Z" and STUB_BINARY.startswith(comm):
-            found.add(int(entry.name))
-    return found
+    """Pids of the live Python-backend stubs whose parent is `pid`."""
+    return {
+        child
+        for child, comm, state in child_processes(pid)
+        if state != "Z" and STUB_BINARY.startswith(comm)
+    }
 
 
 @dataclass
@@ -318,7 +309,6 @@ class Launcher:
         self.front_door: FrontDoor | None = None
         self.helpers: list[HelperProcess] = []  # the adapter and the body check
         self.stopping = False
-        self.restarts = 0
         self.expected_stubs: dict[int, str | None] = {}  # pid -> the model it serves
         self.parts: dict[str, PartRestarts] = {}  # by part: see part()
         self.counts = RestartCounts()
@@ -458,7 +448,6 @@ class Launcher:
 
     def restart_triton(self, reason: str) -> None:
         assert self.triton is not None
-        self.restarts += 1
         started = time.monotonic()
         self.log(f"restarting Triton ({reason})")
         # a dead stub makes a clean shutdown wait out its whole exit timeout: do not wait for it
@@ -533,8 +522,9 @@ class Launcher:
             if self.front_door is not None and not self.front_door.running():
                 self.log("the front door (nginx) exited unexpectedly; stopping everything")
                 return 1
-            failing = self.failed_helper(time.monotonic() >= next_helper_probe)
-            if time.monotonic() >= next_helper_probe:
+            probe_helpers = time.monotonic() >= next_helper_probe
+            failing = self.failed_helper(probe_helpers)
+            if probe_helpers:
                 next_helper_probe = time.monotonic() + self.settings.helper_probe_interval_s
             if failing is not None:
                 helper, cause, detail = failing

@@ -61,6 +61,24 @@ def set_parent_death_signal(signum: int = signal.SIGTERM) -> None:
         libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
 
 
+def child_processes(pid: int) -> list[tuple[int, str, str]]:
+    """(pid, command name, state) of each process whose parent is ``pid``, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # comm sits in parentheses and may hold spaces: the fields after it are fixed
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == pid:
+            found.append((int(entry.name), comm, state))
+    return found
+
+
 def prepare_backend_dir(target: Path = BACKEND_DIR) -> Path:
     """Assembles <target>/python/ with the backend library, its utils and our Python's stub."""
     home = triton_home()
