@@ -396,10 +396,9 @@ class Launcher:
             except RuntimeError as err:
                 self.log(str(err))
                 if not rule.start_failed():
-                    self.log(
-                        f"{part} did not start {rule.failed_starts} times in a row: giving up, "
-                        "stopping everything"
-                    )
+                    n = rule.failed_starts
+                    times = f" {n} times in a row" if n > 1 else ""
+                    self.log(f"{part} did not start{times}: giving up, stopping everything")
                     return False
                 cause, detail = "start_failed", "it did not start"
                 continue

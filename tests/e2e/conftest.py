@@ -95,6 +95,16 @@ def repository(tmp_path_factory) -> Path:
     return repo
 
 
+def repository_of(repository: Path, models: tuple[str, ...], root: Path) -> Path:
+    """A repository holding only ``models`` of ``repository`` (linked): a server over it starts,
+    and restarts, without loading the others."""
+    subset = root / "repository"
+    subset.mkdir(parents=True)
+    for model in models:
+        (subset / model).symlink_to(repository / model)
+    return subset
+
+
 def start_server(repository: Path, log: Path) -> TritonServer:
     server = TritonServer(
         repository, free_port(), free_port(), free_port(), log_path=log, exit_timeout_s=20

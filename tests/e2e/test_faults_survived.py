@@ -1,7 +1,8 @@
-"""Faults of the serving processes, survived: a dead model stub, a dead Triton (brought back
-however often it dies; only a Triton that no longer starts ends the launcher).
+"""Faults of the serving processes, survived: a dead model stub, a wedged body check, a dead
+Triton (brought back however often it dies; only a Triton that no longer starts ends the launcher).
 
-Each test runs its own deployment as `make serve` runs it (tests/e2e/stack.py).
+The cases share one deployment as `make serve` runs it (tests/e2e/stack.py), over a repository
+of one model, in the order written: each leaves it serving, the last ends it.
 """
 
 from __future__ import annotations
@@ -15,21 +16,40 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from testkit.triton_clients import client, infer, text_inputs
-from tests.e2e.conftest import _LOGS
+from tests.e2e.conftest import _LOGS, repository_of
 from tests.e2e.stack import Stack
 
 TOLERANCE = 1e-4
-PROBE_INTERVAL_S = 0.5
+PROBE_INTERVAL_S = "0.5"
 
 
-def own_stack(repository, tmp_path, **env) -> Stack:
+def fault_stack(repository, root, models: tuple[str, ...], **env) -> Stack:
+    """A deployment of its own over ``models`` alone, probed every half second."""
     stack = Stack(
-        repository, tmp_path / "stack", {"PROBE_INTERVAL_S": str(PROBE_INTERVAL_S), **env}
+        repository_of(repository, models, root),
+        root / "stack",
+        {"PROBE_INTERVAL_S": PROBE_INTERVAL_S, **env},
+        models=tuple(m for m in models if not m.endswith("_owner")),
     )
     _LOGS.append(stack.log_path)
     return stack.start()
+
+
+@pytest.fixture(scope="module")
+def stack(repository, tmp_path_factory):
+    # RESTART_LIMIT counts starts in a row that never became ready, not deaths
+    own = fault_stack(
+        repository,
+        tmp_path_factory.mktemp("faults"),
+        ("minilm",),
+        HELPER_PROBE_INTERVAL_S=PROBE_INTERVAL_S,
+        RESTART_LIMIT="1",
+    )
+    yield own
+    own.stop()
 
 
 def stubs_of(pid: int) -> list[int]:
@@ -49,59 +69,53 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_a_killed_model_stub_fails_in_flight_requests_and_the_model_comes_back(
-    repository, tmp_path, tokenizer, reference_model
+    stack, tokenizer, reference_model
 ):
-    stack = own_stack(repository, tmp_path)
-    try:
-        text = "back after a stub died"
-        expected = reference_model(tokenizer.encode([text], truncate=True))
-        embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
-        assert np.abs(embedding - expected).max() <= TOLERANCE
-        outcomes: list[object] = []
+    text = "back after a stub died"
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
+    assert np.abs(embedding - expected).max() <= TOLERANCE
+    outcomes: list[object] = []
 
-        def in_flight() -> None:
-            started = time.monotonic()
-            try:
-                infer(
-                    client(stack, "grpc"), "minilm", text_inputs("grpc", ["a long row " * 50] * 64)
-                )
-                outcomes.append(("answered", time.monotonic() - started))
-            except Exception as err:
-                outcomes.append((err, time.monotonic() - started))
+    def in_flight() -> None:
+        started = time.monotonic()
+        try:
+            infer(client(stack, "grpc"), "minilm", text_inputs("grpc", ["a long row " * 50] * 64))
+            outcomes.append(("answered", time.monotonic() - started))
+        except Exception as err:
+            outcomes.append((err, time.monotonic() - started))
 
-        threads = [threading.Thread(target=in_flight) for _ in range(3)]
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        triton = stack.triton_pid()
-        stubs = stubs_of(triton)
-        assert stubs, "the model stubs are children of tritonserver"
-        killed_at = time.monotonic()
-        for stub in stubs:
-            os.kill(stub, signal.SIGKILL)
-        saw_not_ready = False
-        while time.monotonic() - killed_at < 60:
-            saw_not_ready |= not stack.ready()
-            try:
-                embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
-                if np.abs(embedding - expected).max() <= TOLERANCE:
-                    break
-            except Exception:
-                pass
-            time.sleep(0.1)
-        back_after = time.monotonic() - killed_at
-        for t in threads:
-            t.join(30)
-        assert back_after < 30, f"the model was not back after {back_after:.0f} s"
-        assert saw_not_ready, "readiness turned false while the model could not serve"
-        assert len(outcomes) == 3, "no in-flight request hangs"
-        for outcome, seconds in outcomes:
-            # answered before the kill, or ended with an error well before the backstop timeout
-            assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
-            assert seconds < 20, seconds
-        assert "restarting Triton" in stack.output() and stack.triton_pid() != triton
-    finally:
-        assert stack.stop() == 0
+    threads = [threading.Thread(target=in_flight) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    triton = stack.triton_pid()
+    stubs = stubs_of(triton)
+    assert stubs, "the model stubs are children of tritonserver"
+    killed_at = time.monotonic()
+    for stub in stubs:
+        os.kill(stub, signal.SIGKILL)
+    saw_not_ready = False
+    while time.monotonic() - killed_at < 60:
+        saw_not_ready |= not stack.ready()
+        try:
+            embedding, _ = infer(client(stack, "http"), "minilm", text_inputs("http", [text]))
+            if np.abs(embedding - expected).max() <= TOLERANCE:
+                break
+        except Exception:
+            pass
+        time.sleep(0.1)
+    back_after = time.monotonic() - killed_at
+    for t in threads:
+        t.join(30)
+    assert back_after < 30, f"the model was not back after {back_after:.0f} s"
+    assert saw_not_ready, "readiness turned false while the model could not serve"
+    assert len(outcomes) == 3, "no in-flight request hangs"
+    for outcome, seconds in outcomes:
+        # answered before the kill, or ended with an error well before the backstop timeout
+        assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
+        assert seconds < 20, seconds
+    assert "restarting Triton" in stack.output() and stack.triton_pid() != triton
 
 
 def wait_until_answered(stack, text: str, expected, timeout_s: float = 60.0) -> float:
@@ -116,12 +130,34 @@ def wait_until_answered(stack, text: str, expected, timeout_s: float = 60.0) -> 
     return time.monotonic() - started
 
 
+def test_a_wedged_body_check_is_restarted_like_a_dead_one(stack, tokenizer, reference_model):
+    text = "checked again after the check was wedged"
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    (check,) = subprocess.run(
+        ["pgrep", "-f", f"body_check.*--http-listen=127.0.0.1:{stack.ports['CHECK_HTTP']}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    try:
+        os.kill(int(check), signal.SIGSTOP)  # alive, answering nothing
+        back_after = wait_until_answered(stack, text, expected)
+        assert back_after < 30, f"KServe inference was not back after {back_after:.0f} s"
+        assert "body_check failed (3 health probes missed in a row)" in stack.output()
+        samples = stack.metrics_samples(
+            "serve_restarts_total", part="body_check", cause="unresponsive"
+        )
+        assert [s.value for s in samples] == [1.0]
+        assert stack.process.poll() is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(check), signal.SIGKILL)
+
+
 def test_a_killed_triton_is_always_brought_back_and_only_failed_starts_end_the_launcher(
-    repository, tmp_path, tokenizer, reference_model
+    stack, tokenizer, reference_model
 ):
-    # RESTART_LIMIT counts starts in a row that never became ready, not deaths: Triton killed
-    # more often than that comes back each time; a Triton that cannot start ends the launcher
-    stack = own_stack(repository, tmp_path, RESTART_LIMIT="2")
+    # RESTART_LIMIT is 1: Triton killed twice (and restarted once before, for its dead stub)
+    # comes back each time; then a Triton that cannot start ends the launcher
     text = "back after Triton died"
     expected = reference_model(tokenizer.encode([text], truncate=True))
     killed = []
@@ -138,22 +174,23 @@ def test_a_killed_triton_is_always_brought_back_and_only_failed_starts_end_the_l
         )
         load.start()
         time.sleep(0.5)
-        for kill in range(3):
+        for _ in range(2):
             pid = stack.triton_pid()
             killed.append(pid)
+            seen = stack.output().count("Triton is back after")
             os.kill(pid, signal.SIGKILL)
             back_after = wait_until_answered(stack, text, expected)
             assert back_after < 45, f"the model was not back after {back_after:.0f} s"
             assert stack.process.poll() is None, "the launcher keeps serving"
             settle = time.monotonic() + 30  # the launcher has seen it ready
-            while stack.output().count("Triton is back after") <= kill:
+            while stack.output().count("Triton is back after") <= seen:
                 assert time.monotonic() < settle
                 time.sleep(0.1)
         load.join(60)
         assert "triton failed (it exited); restarting it in" in stack.output()
         restarts = stack.metrics_samples("serve_restarts_total", part="triton", cause="exited")
-        assert [s.value for s in restarts] == [3.0]
-        # its HTTP port taken while it is down: every start fails, RESTART_LIMIT in a row end it
+        assert [s.value for s in restarts] == [2.0]
+        # its HTTP port taken while it is down: its next start fails, and that ends the launcher
         pid = stack.triton_pid()
         killed.append(pid)
         with socket.socket() as taken:
@@ -164,7 +201,7 @@ def test_a_killed_triton_is_always_brought_back_and_only_failed_starts_end_the_l
     finally:
         stack.stop()
     assert code == 1
-    assert "did not start 2 times in a row: giving up, stopping everything" in stack.output()
+    assert "triton did not start: giving up, stopping everything" in stack.output()
     state = str(stack.state_dir)
     assert not processes_mentioning(state), processes_mentioning(state)  # nginx, Triton, stubs
     for pid in killed:
@@ -186,30 +223,3 @@ def bind_when_free(sock: socket.socket, port: int, timeout_s: float = 10.0) -> N
 def _ignore_errors(call) -> None:
     with contextlib.suppress(Exception):  # the load only has to be in flight
         call()
-
-
-def test_a_wedged_body_check_is_restarted_like_a_dead_one(
-    repository, tmp_path, tokenizer, reference_model
-):
-    stack = own_stack(repository, tmp_path, HELPER_PROBE_INTERVAL_S="0.5")
-    text = "checked again after the check was wedged"
-    expected = reference_model(tokenizer.encode([text], truncate=True))
-    try:
-        (check,) = subprocess.run(
-            ["pgrep", "-f", f"body_check.*--http-listen=127.0.0.1:{stack.ports['CHECK_HTTP']}"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        os.kill(int(check), signal.SIGSTOP)  # alive, answering nothing
-        back_after = wait_until_answered(stack, text, expected)
-        assert back_after < 30, f"KServe inference was not back after {back_after:.0f} s"
-        assert "body_check failed (3 health probes missed in a row)" in stack.output()
-        samples = stack.metrics_samples(
-            "serve_restarts_total", part="body_check", cause="unresponsive"
-        )
-        assert [s.value for s in samples] == [1.0]
-        assert stack.process.poll() is None
-    finally:
-        with contextlib.suppress(ProcessLookupError, NameError):
-            os.kill(int(check), signal.SIGKILL)
-        assert stack.stop() == 0

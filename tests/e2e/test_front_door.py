@@ -69,10 +69,15 @@ def status_of(response: bytes) -> int:
     return int(response[9:12])
 
 
-def request_bytes(body: bytes = VALID_BODY, path: str = INFER_PATH, extra: bytes = b"") -> bytes:
+def request_bytes(
+    body: bytes = VALID_BODY, path: str = INFER_PATH, extra: bytes = b"", keep_alive: bool = False
+) -> bytes:
+    """One request; unless ``keep_alive``, it asks the server to close after answering, so an
+    exchange ends with the answer instead of waiting out its timeout."""
     return (
         f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+        + (b"" if keep_alive else b"Connection: close\r\n")
         + extra
         + b"\r\n"
         + body
@@ -113,7 +118,7 @@ def test_inference_through_the_front_door_matches_the_reference(
 def chunked(port: int, chunk: bytes, count: int) -> bytes:
     head = (
         f"POST {INFER_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     ).encode()
     framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
     return exchange(port, head + framed * count + b"0\r\n\r\n", wait_s=20)
@@ -223,7 +228,7 @@ def test_a_content_length_longer_than_the_body_times_out(stack, still_serving):
 def test_a_content_length_shorter_than_the_body_leaves_garbage_that_is_refused(
     stack, still_serving
 ):
-    raw = request_bytes(body=VALID_BODY + b"TRAILING GARBAGE\r\n\r\n")
+    raw = request_bytes(body=VALID_BODY + b"TRAILING GARBAGE\r\n\r\n", keep_alive=True)
     raw = raw.replace(
         f"Content-Length: {len(VALID_BODY) + 20}".encode(),
         f"Content-Length: {len(VALID_BODY)}".encode(),
@@ -235,7 +240,9 @@ def test_a_content_length_shorter_than_the_body_leaves_garbage_that_is_refused(
 
 
 def test_garbage_pipelined_after_a_valid_request_is_refused_alone(stack, still_serving):
-    response = exchange(stack.http_port, request_bytes() + b"\x00\xff NOT HTTP \r\n\r\n")
+    response = exchange(
+        stack.http_port, request_bytes(keep_alive=True) + b"\x00\xff NOT HTTP \r\n\r\n"
+    )
     answers = response.split(b"HTTP/1.1 ")[1:]
     assert answers[0].startswith(b"200") and b'"EMBEDDING"' in answers[0]
     assert answers[1].startswith(b"400")
@@ -553,7 +560,7 @@ def test_idle_connections_past_the_bound_are_closed_and_the_rest_still_served(
         expected = reference_model(tokenizer.encode([text], truncate=True))
         assert np.abs(embedding - expected).max() <= TOLERANCE
         if protocol == "http":  # the first, idle all this while, is still open and serves
-            held[0].sendall(request_bytes())
+            held[0].sendall(request_bytes(keep_alive=True))
             assert read_until_closed(held[0]).startswith(b"HTTP/1.1 200")
     finally:
         for s in held:
@@ -589,9 +596,6 @@ def test_a_body_parameter_naming_the_client_is_refused_at_the_door(stack, still_
     assert status_of(answer) == 400 and b"set by the front door" in answer
 
 
-CLOSE = b"Connection: close\r\n"  # the answer ends the exchange
-
-
 def test_a_full_queue_refuses_the_client_over_its_share_and_serves_another(stack, still_serving):
     """minilm_small_queue holds 8 rows. One client (127.0.0.1) sends six 8-row requests of long
     rows at once: one runs, one waits in the queue, the others are refused (queue full, one
@@ -609,7 +613,7 @@ def test_a_full_queue_refuses_the_client_over_its_share_and_serves_another(stack
     path = "/v2/models/minilm_small_queue/infer"
     with ThreadPoolExecutor(6) as pool:
         heavy = [
-            pool.submit(exchange, stack.http_port, request_bytes(heavy_body, path, CLOSE), 60.0)
+            pool.submit(exchange, stack.http_port, request_bytes(heavy_body, path), 60.0)
             for _ in range(6)
         ]
         time.sleep(0.3)  # the heavy client's requests have arrived: one runs, one queues

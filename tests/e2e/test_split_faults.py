@@ -1,5 +1,7 @@
 """The split layout's failures, survived, in the deployment as `make serve` runs it: a killed
-queue owner (reloaded alone), a killed front (Triton restarted), a front stopped for 10 s."""
+queue owner (reloaded alone), a killed front (Triton restarted), a front stopped for 10 s.
+
+The cases share one deployment, in the order written; each leaves it serving."""
 
 from __future__ import annotations
 
@@ -10,15 +12,22 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from testkit.triton_clients import client, infer, text_inputs
-from tests.e2e.conftest import _LOGS
-from tests.e2e.stack import Stack
-from tests.e2e.test_faults_survived import TOLERANCE, own_stack
+from tests.e2e.test_faults_survived import TOLERANCE, fault_stack
 from tools.serve import child_stubs, stub_model
 
 MODEL = "minilm_split"
 LONG = ["a long row " * 50] * 64  # a request that keeps the owner busy for a while
+
+
+@pytest.fixture(scope="module")
+def stack(repository, tmp_path_factory):
+    models = ("minilm", MODEL, f"{MODEL}_owner")
+    own = fault_stack(repository, tmp_path_factory.mktemp("split-faults"), models)
+    yield own
+    assert own.stop() == 0
 
 
 def stubs_serving(triton: int, entry: str) -> list[int]:
@@ -73,88 +82,69 @@ def back_within(stack, text, expected, timeout_s: float) -> float:
 
 
 def test_a_killed_owner_is_reloaded_alone_and_its_requests_end_at_once(
-    repository, tmp_path, tokenizer, reference_model
+    stack, tokenizer, reference_model
 ):
-    stack = own_stack(repository, tmp_path)
     text = "back after the queue owner died"
     expected = reference_model(tokenizer.encode([text], truncate=True))
-    try:
-        triton = stack.triton_pid()
-        others = stubs_serving(triton, "minilm")
-        flights = InFlight(stack, 4)
-        time.sleep(0.5)
-        (owner,) = stubs_serving(triton, f"{MODEL}_owner")
-        killed_at = time.monotonic()
-        os.kill(owner, signal.SIGKILL)
-        flights.join(30)
-        back_after = back_within(stack, text, expected, 60)
-        assert len(flights.outcomes) == 4, "no in-flight request hangs"
-        for outcome, seconds in flights.outcomes:
-            if outcome != "answered":  # ended at once with the reason, not at a timeout
-                assert "queue owner" in str(outcome) and "UNAVAILABLE" in str(outcome), outcome
-                assert time.monotonic() - killed_at < 15 and seconds < 20
-        assert back_after < 30, f"the model was not back after {back_after:.0f} s"
-        assert f"reloading {MODEL}_owner" in stack.output()
-        assert stack.triton_pid() == triton, "Triton itself was not restarted"
-        assert stubs_serving(triton, "minilm") == others, "other models were not touched"
-    finally:
-        assert stack.stop() == 0
+    triton = stack.triton_pid()
+    others = stubs_serving(triton, "minilm")
+    flights = InFlight(stack, 4)
+    time.sleep(0.5)
+    (owner,) = stubs_serving(triton, f"{MODEL}_owner")
+    killed_at = time.monotonic()
+    os.kill(owner, signal.SIGKILL)
+    flights.join(30)
+    back_after = back_within(stack, text, expected, 60)
+    assert len(flights.outcomes) == 4, "no in-flight request hangs"
+    for outcome, seconds in flights.outcomes:
+        if outcome != "answered":  # ended at once with the reason, not at a timeout
+            assert "queue owner" in str(outcome) and "UNAVAILABLE" in str(outcome), outcome
+            assert time.monotonic() - killed_at < 15 and seconds < 20
+    assert back_after < 30, f"the model was not back after {back_after:.0f} s"
+    assert f"reloading {MODEL}_owner" in stack.output()
+    assert stack.triton_pid() == triton, "Triton itself was not restarted"
+    assert stubs_serving(triton, "minilm") == others, "other models were not touched"
 
 
 def test_a_killed_front_ends_every_request_and_the_model_comes_back(
-    repository, tmp_path, tokenizer, reference_model
+    stack, tokenizer, reference_model
 ):
-    stack = own_stack(repository, tmp_path)
     text = "back after a front died"
     expected = reference_model(tokenizer.encode([text], truncate=True))
-    try:
-        triton = stack.triton_pid()
-        flights = InFlight(stack, 6)
-        time.sleep(0.5)
-        front = stubs_serving(triton, MODEL)[0]
-        os.kill(front, signal.SIGKILL)
-        flights.join(45)
-        back_after = back_within(stack, text, expected, 60)
-        assert len(flights.outcomes) == 6, "no in-flight request hangs"
-        for outcome, seconds in flights.outcomes:
-            assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
-            assert seconds < 30, seconds
-        assert back_after < 45, f"the model was not back after {back_after:.0f} s"
-    finally:
-        assert stack.stop() == 0
+    triton = stack.triton_pid()
+    flights = InFlight(stack, 6)
+    time.sleep(0.5)
+    front = stubs_serving(triton, MODEL)[0]
+    os.kill(front, signal.SIGKILL)
+    flights.join(45)
+    back_after = back_within(stack, text, expected, 60)
+    assert len(flights.outcomes) == 6, "no in-flight request hangs"
+    for outcome, seconds in flights.outcomes:
+        assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
+        assert seconds < 30, seconds
+    assert back_after < 45, f"the model was not back after {back_after:.0f} s"
 
 
-def test_a_stopped_front_holds_up_only_its_own_requests(repository, tmp_path):
+def test_a_stopped_front_holds_up_only_its_own_requests(stack):
     """Measured on Triton 2.51: a request Triton hands a stopped stub fails within about 1 s
     ("Stub process ... is not healthy"), the running front answers the others, and the server
     aborts when the stub resumes; the watchdog restarts it (at its probe's first 500, or at the
     abort), so every request ends and the model comes back."""
-    stack = Stack(
-        repository,
-        tmp_path / "stack",
-        {"PROBE_INTERVAL_S": "0.5"},
-        models=("minilm", MODEL),
-    )
-    _LOGS.append(stack.log_path)
-    stack.start()
+    triton = stack.triton_pid()
+    fronts = stubs_serving(triton, MODEL)
+    assert len(fronts) == 2
+    os.kill(fronts[0], signal.SIGSTOP)
     try:
-        triton = stack.triton_pid()
-        fronts = stubs_serving(triton, MODEL)
-        assert len(fronts) == 2
-        os.kill(fronts[0], signal.SIGSTOP)
-        try:
-            stopped_at = time.monotonic()
-            flights = InFlight(stack, 8, rows=["short row"] * 4, protocol="http")
-            time.sleep(10)
-            answered_while_stopped = sum(1 for o, _ in flights.outcomes if o == "answered")
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # a Triton restart took it
-                os.kill(fronts[0], signal.SIGCONT)
-        flights.join(40)
-        assert answered_while_stopped >= 1, flights.outcomes
-        assert len(flights.outcomes) == 8, "every request ends"
-        assert time.monotonic() - stopped_at < 60
-        back = back_within(stack, "after a front stopped", None, 90)
-        assert back < 90, f"the model was not serving {back:.0f} s after the front resumed"
+        stopped_at = time.monotonic()
+        flights = InFlight(stack, 8, rows=["short row"] * 4, protocol="http")
+        time.sleep(10)
+        answered_while_stopped = sum(1 for o, _ in flights.outcomes if o == "answered")
     finally:
-        assert stack.stop() == 0
+        with contextlib.suppress(ProcessLookupError):  # a Triton restart took it
+            os.kill(fronts[0], signal.SIGCONT)
+    flights.join(40)
+    assert answered_while_stopped >= 1, flights.outcomes
+    assert len(flights.outcomes) == 8, "every request ends"
+    assert time.monotonic() - stopped_at < 60
+    back = back_within(stack, "after a front stopped", None, 90)
+    assert back < 90, f"the model was not serving {back:.0f} s after the front resumed"
