@@ -55,17 +55,12 @@ bench-planner: setup
 	$(PY) -m bench.planner
 
 # the planner model beside Triton's dynamic batcher, under perf_analyzer, then beside Infinity
-# (installed into build/infinity-venv on first use) with one HTTP client; writes docs/PERFORMANCE.md;
-# then one instance's own ceiling at GPU speed (emulated engine), by rows per request, printed;
-# then the body check's own CPU, a light client beside a heavy one, and what quantized vectors
-# cost in recall (all into docs/)
+# (installed into build/infinity-venv on first use) with one HTTP client; then a light client
+# beside a heavy one (all into docs/PERFORMANCE.md)
 bench: setup
 	$(PY) -m bench.serving
 	$(PY) -m bench.infinity_peer
-	$(PY) -m bench.ceiling_profile
-	$(PY) -m bench.body_check_cost
 	$(PY) -m bench.fairness
-	$(PY) -m bench.quantization_recall
 
 # the simulator: validated against the real server here, then the planner at GPU-speed forwards;
 # writes its section of docs/PERFORMANCE.md

@@ -123,7 +123,6 @@ FLOOR_MODEL_PY = (
     '__all__ = ["TritonPythonModel"]\n'
 )
 # which layout a variant serves: fronts (> 0), today's model with -N instances (<= 0), or FLOOR
-# (not bench.sim.cpu.Layout, the CPU model's description of a layout)
 VariantLayout = int | str
 
 

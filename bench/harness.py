@@ -186,15 +186,13 @@ def add_emulated_variant(
     name: str,
     table: str,
     instances: int | None = None,
-    model_py: str = EMULATED_MODEL_PY,
     parameters: dict[str, str] | None = None,
 ) -> None:
     """A variant of ``source`` served over the emulated engine with ``table`` (``zero``, or a
     cost table such as ``table:a30``): its own model.py and emulated_table.txt, never the
     builder's. ``instances``: the instance count, where it differs from the source's;
-    ``model_py``: a model over the emulated engine with a change of its own (bench.ceiling_levers);
     ``parameters``: settings laid over the source's."""
-    config = add_model_variant(repository, source, name, parameters, model_py=model_py)
+    config = add_model_variant(repository, source, name, parameters, model_py=EMULATED_MODEL_PY)
     if instances is not None:
         config.instance_group[0].count = instances
         write_config(config, repository / name)

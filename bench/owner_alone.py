@@ -72,8 +72,7 @@ class WaitingEngine:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of a process, all its threads (psutil, as
-    bench.ceiling_profile reads them)."""
+    """User plus system CPU seconds of a process, all its threads (psutil)."""
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
 

@@ -4,8 +4,8 @@ In the split layout (docs/ARCHITECTURE.md) every request costs CPU in Triton, in
 the queue owner, and a front serves at most one request per its serial time (its CPU plus the
 hand-offs between Triton and its stub). Fronts stop being the bound once K / serial time reaches
 what the cores allow, C / (the server's CPU per request): K = C x serial / CPU per request.
-Measured here for one-row requests, the case that needs the most fronts (bench.cpu_model,
-bench/data/cpu_costs.json; docs/PERFORMANCE.md, "The server's CPU, modelled"): 736 us of a
+Measured here for one-row requests, the case that needs the most fronts (`python -m
+bench.cpu_model measure --pin-cores both` at commit 300a3c7; docs/PERFORMANCE.md): 736 us of a
 front's serial time against 910 us of CPU per request (Triton 316, a front 557, the owner 37),
 so 0.8 of the cores; with 64-row requests 0.7 would do.
 """
@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-FRONT_SHARE = 0.8  # a front's serial time over the server's CPU per request (bench.cpu_model)
+FRONT_SHARE = 0.8  # a front's serial time over the server's CPU per request (above)
 MAX_FRONTS_PER_GPU = 16  # one owner feeds this many at most (its own core bounds it past that)
 
 

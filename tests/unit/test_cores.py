@@ -47,21 +47,3 @@ def test_the_command_line_takes_auto_or_a_count():
     with pytest.raises(BuildError, match="--cores"):
         BuildSpec(cores=0).validate()
 
-
-def test_the_front_share_is_what_the_measured_costs_give():
-    """FRONT_SHARE restates bench/data/cpu_costs.json: a front's serial time over the server's
-    CPU per one-row request (Triton and a front as served with 2 fronts, the owner alone)."""
-    import json
-
-    import numpy as np
-
-    from builder.cores import FRONT_SHARE
-    from tools.triton_server import ROOT
-
-    data = json.loads((ROOT / "bench" / "data" / "cpu_costs.json").read_text())
-    one_row = [p for p in data["points"] if p["rows"] == 1]
-    alone = [p["rows_per_s"] for p in one_row if p["fronts"] == 1]
-    serial_us = 1e6 / float(np.mean(alone))
-    two = [p["cpu_us_per_request"] for p in one_row if p["fronts"] == 2]
-    spent = float(np.mean([p["triton"] + p["front"] for p in two])) + data["owner_alone_us"]["1"]
-    assert abs(serial_us / spent - FRONT_SHARE) <= 0.05
