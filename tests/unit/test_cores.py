@@ -46,4 +46,3 @@ def test_the_command_line_takes_auto_or_a_count():
     assert (spec.fronts, spec.cores) == (3, 12)
     with pytest.raises(BuildError, match="--cores"):
         BuildSpec(cores=0).validate()
-
