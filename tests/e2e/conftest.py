@@ -105,9 +105,14 @@ def repository_of(repository: Path, models: tuple[str, ...], root: Path) -> Path
     return subset
 
 
-def start_server(repository: Path, log: Path) -> TritonServer:
+def start_server(repository: Path, log: Path, exit_timeout_s: int = 20) -> TritonServer:
     server = TritonServer(
-        repository, free_port(), free_port(), free_port(), log_path=log, exit_timeout_s=20
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        log_path=log,
+        exit_timeout_s=exit_timeout_s,
     )
     _LOGS.append(log)
     server.start()
@@ -121,7 +126,9 @@ def start_server(repository: Path, log: Path) -> TritonServer:
 
 @pytest.fixture(scope="session")
 def server(repository, tmp_path_factory):
-    server = start_server(repository, tmp_path_factory.mktemp("logs") / "triton.log")
+    # its exit is no test's subject: the suite's idle keep-alive connections need not be waited out
+    log = tmp_path_factory.mktemp("logs") / "triton.log"
+    server = start_server(repository, log, exit_timeout_s=3)
     yield server
     server.stop()
 

@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 
 from builder.corpus import corpus_rows
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import repository_of, start_server
 from tests.e2e.scenarios import busy, cancel_while_busy, long_texts
 from tests.e2e.test_serving import total
 
@@ -240,7 +240,7 @@ def test_a_row_that_fails_alone_fails_only_its_request(server, tokenizer, refere
 def test_sigterm_with_requests_in_flight_answers_each_of_them(
     repository, tmp_path, tokenizer, reference_model
 ):
-    own = start_server(repository, tmp_path / "sigterm.log")
+    own = start_server(repository_of(repository, ("minilm",), tmp_path), tmp_path / "sigterm.log")
     texts = corpus_rows(24, seed=51)
     expected = reference_model(tokenizer.encode(texts, truncate=True))
     results: dict[int, object] = {}

@@ -14,7 +14,7 @@ from builder.triton_config import read_config
 from python_backend.contract import INSTANCE_LABEL
 from testkit.prometheus import Sample, samples_of, scrape
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, text_inputs
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import repository_of, start_server
 
 TOLERANCE = 1e-4
 
@@ -95,7 +95,7 @@ def test_text_and_input_ids_give_the_same_outputs(server, protocol, tokenizer):
 
 
 def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference_model):
-    texts = corpus_rows(400, seed=11)
+    texts = corpus_rows(160, seed=11)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
     # requests of 1..4 rows, random lengths, alternating protocols
@@ -139,13 +139,13 @@ def test_metrics_report_tokens_plan_costs_and_latency(server):
 
 
 def test_stopping_the_server_leaves_no_stray_processes(repository, tmp_path):
-    own = start_server(repository, tmp_path / "stop.log")
+    own = start_server(repository_of(repository, ("minilm",), tmp_path), tmp_path / "stop.log")
     try:
         infer(client(own, "http"), "minilm", text_inputs("http", ["one request before stopping"]))
         pid = own.process.pid
         # each stub's command line names its server's pid
         stubs = [p for p in _processes() if "triton_python_backend_stub" in p and f" {pid} " in p]
-        configs = [d / "config.pbtxt" for d in repository.iterdir()]
+        configs = [d / "config.pbtxt" for d in own.repository.iterdir()]
         instances = sum(
             group.count
             for path in configs

@@ -20,7 +20,7 @@ MODEL = "minilm_split"
 def test_concurrent_requests_through_both_fronts_get_their_own_rows(
     server, tokenizer, reference_model
 ):
-    texts = corpus_rows(300, seed=23)
+    texts = corpus_rows(160, seed=23)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
     spans = request_spans(len(texts), seed=9)
