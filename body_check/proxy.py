@@ -172,6 +172,10 @@ def stream_refusal(message: bytes, refused: Refused) -> bytes:
     return bytes(response.SerializeToString())
 
 
+# a stream's messages read ahead of its answers: each answer the client has not yet taken holds one
+UNREAD_ANSWERS = 8
+
+
 class GrpcCheck(grpc.GenericRpcHandler):
     """``ModelInfer`` and ``ModelStreamInfer``, checked, then Triton's; messages stay bytes."""
 
@@ -220,9 +224,17 @@ class GrpcCheck(grpc.GenericRpcHandler):
             metadata=passed_metadata(context), timeout=context.time_remaining()
         )
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # one slot per message read and not yet answered to the client: a client that stops
+        # reading its answers stops the reading of its requests, so none is computed and held
+        unanswered = asyncio.Semaphore(UNREAD_ANSWERS)
 
         async def forward() -> None:
-            async for message in messages:
+            incoming = aiter(messages)
+            while True:
+                await unanswered.acquire()
+                message = await anext(incoming, None)
+                if message is None:
+                    break
                 try:
                     read_infer_request(message, self.settings.limits)
                 except Refused as refused:
@@ -242,7 +254,8 @@ class GrpcCheck(grpc.GenericRpcHandler):
         reader = asyncio.ensure_future(relay())
         try:
             while (answer := await answers.get()) is not None:
-                yield answer
+                yield answer  # returns once the client's window took it
+                unanswered.release()
         finally:  # the client went away, or Triton's stream ended: nothing is left running
             writer.cancel()
             if not upstream.done():

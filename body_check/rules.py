@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from python_backend.contract import CLIENT_PARAMETER
+from python_backend.contract import CLIENT_PARAMETER, MAX_ROWS_PER_REQUEST
 
 # bytes per element of each KServe datatype; BYTES is variable (a 4-byte length, then the bytes)
 DTYPE_BYTES: dict[str, int] = {
@@ -119,6 +119,9 @@ class BodyLimits:
     max_outputs: int = 64  # CVE-2026-24146: a crash from a request naming very many outputs
     max_rank: int = 16  # dimensions of one declared shape
     max_parameters: int = 64  # parameters of one request, input or output
+    # a BYTES input of a served model is one element a row ([rows, 1]), at most this many rows a
+    # request: the check's walk over length prefixes stays that short whatever a body declares
+    max_bytes_elements: int = MAX_ROWS_PER_REQUEST
 
 
 def count_shape(name: str, shape: object, limits: BodyLimits, body_bytes: int) -> int:
@@ -143,6 +146,14 @@ def count_shape(name: str, shape: object, limits: BodyLimits, body_bytes: int) -
             f"{body_bytes}-byte body can hold"
         )
     return elements
+
+
+def check_bytes_elements(name: str, datatype: str, elements: int, limits: BodyLimits) -> None:
+    if datatype == BYTES and elements > limits.max_bytes_elements:
+        raise Refused(
+            f"input {name!r}: {elements} BYTES elements, at most {limits.max_bytes_elements} (one "
+            "a row, and a served model takes at most that many rows a request)"
+        )
 
 
 def check_datatype(name: str, datatype: object) -> str:
@@ -318,6 +329,7 @@ def check_json_request(body: bytes, header_length: int | None, limits: BodyLimit
         _unknown(f"input {name!r}", tensor, INPUT_KEYS)
         datatype = check_datatype(name, tensor.get("datatype"))
         elements = count_shape(name, tensor.get("shape"), limits, len(body))
+        check_bytes_elements(name, datatype, elements, limits)
         parameters = check_parameters(f"input {name!r}", tensor.get("parameters"), limits)
         size = parameters.get("binary_data_size")
         if size is None:
@@ -371,6 +383,7 @@ def check_grpc_request(request: Any, message_bytes: int, limits: BodyLimits) -> 
         name = tensor.name
         datatype = check_datatype(name, tensor.datatype)
         elements = count_shape(name, list(tensor.shape), limits, message_bytes)
+        check_bytes_elements(name, datatype, elements, limits)
         check_grpc_parameters(f"input {name!r}", tensor.parameters, limits)
         if raw:
             if tensor.HasField("contents"):

@@ -178,11 +178,13 @@ def stack(repository, tmp_path_factory):
     """The deployment as `make serve` runs it, with an API key and short limits."""
     from tests.e2e.stack import API_KEY, Stack
 
+    models = ("minilm", "minilm_matryoshka", "minilm_prompts", "reranker", "classifier")
+    root = tmp_path_factory.mktemp("stack")
     own = Stack(
-        repository,
-        tmp_path_factory.mktemp("stack"),
+        repository_of(repository, (*models, "minilm_small_queue"), root),
+        root / "state",
         {"API_KEY": API_KEY},
-        models=("minilm", "minilm_matryoshka", "minilm_prompts", "reranker", "classifier"),
+        models=models,
     )
     _LOGS.append(own.log_path)
     own.start()

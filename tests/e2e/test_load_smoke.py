@@ -17,7 +17,7 @@ def test_perf_analyzer_at_concurrency_4_sees_no_errors(server, tmp_path):
         ROOT / "bench" / "data" / "perf_input.json",
         concurrency=4,
         csv_path=tmp_path / "smoke.csv",
-        measurement_ms=2000,
+        measurement_ms=1000,
         max_trials=3,
         stability_percent=1000,  # a smoke test: any stable-enough window will do
     )
@@ -55,7 +55,7 @@ def test_perf_analyzer_sending_token_ids_is_served_the_rows_the_model_makes_of_t
         data,
         concurrency=4,
         csv_path=tmp_path / "ids.csv",
-        measurement_ms=2000,
+        measurement_ms=1000,
         max_trials=3,
         stability_percent=1000,
     )

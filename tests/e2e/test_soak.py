@@ -10,7 +10,7 @@ def test_a_short_soak_answers_every_valid_request_right(server, reference_model,
     texts = corpus_rows(120, seed=99)
     rows = tokenizer.encode(texts, truncate=True)
     reference = dict(enumerate(reference_model(rows)))
-    result = run_soak(server, reference, texts, seconds=8, clients=64)
+    result = run_soak(server, reference, texts, seconds=4, clients=64)
     print(report(result, 64))
     assert result.ok, result.wrong[:5]
     assert result.counts["valid: right answer"] > 50

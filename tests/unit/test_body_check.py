@@ -3,6 +3,8 @@ with what was sent, or structure that is too deep, is refused with a message nam
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import orjson
 import pytest
@@ -200,6 +202,28 @@ def test_binary_tensors_against_their_shape(datatype, shape, payload, why):
     assert why in refused(body, header_length)
 
 
+def test_bytes_elements_are_bounded_by_the_rows_a_request_may_carry_before_any_walk():
+    """A served model's BYTES input holds one element a row, at most MAX_ROWS_PER_REQUEST rows:
+    more is refused from the declared shape, before the check reads a single length prefix (an
+    8 MB body of two million empty elements costs no walk)."""
+    from python_backend.contract import MAX_ROWS_PER_REQUEST as rows
+
+    texts = np.array([[b"row"]] * rows, dtype=object)
+    for binary in (True, False):
+        check_json_request(*http_body({"TEXT": texts}, binary), LIMITS)
+    for raw in (True, False):
+        read_infer_request(grpc_request({"TEXT": texts}, raw).SerializeToString(), LIMITS)
+    why = f"{rows + 1} BYTES elements, at most {rows}"
+    over = np.array([[b"row"]] * (rows + 1), dtype=object)
+    for binary in (True, False):
+        assert why in refused(*http_body({"TEXT": over}, binary))
+    for raw in (True, False):
+        assert why in grpc_refused(grpc_request({"TEXT": over}, raw))
+    empty = 2_000_000
+    body, header_length = binary_request("BYTES", [empty, 1], b"\0" * (4 * empty))
+    assert f"{empty} BYTES elements, at most {rows}" in refused(body, header_length)
+
+
 def test_binary_sizes_against_the_body():
     body, header_length = binary_request("INT64", [1], b"\0" * 8)
     assert "runs past the end of the body" in refused(body[:-1], header_length)
@@ -329,3 +353,81 @@ def test_a_parameter_name_holding_a_nul_is_refused():
     request = grpc_request({"TEXT": TEXTS})
     request.parameters["x-planner-client\0"].string_param = "me"
     assert "holds a NUL character" in grpc_refused(request)
+
+
+class FakeStreamCall:
+    """Triton's side of a ModelStreamInfer call: answers each message written, at once."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def write(self, message: bytes) -> None:
+        self.written.append(message)
+        await self.answers.put(b"answer to " + message[-8:])
+
+    async def done_writing(self) -> None:
+        await self.answers.put(None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        answer = await self.answers.get()
+        if answer is None:
+            raise StopAsyncIteration
+        return answer
+
+    def done(self) -> bool:
+        return self.answers.empty()
+
+    def cancel(self) -> None:
+        pass
+
+    async def code(self):
+        import grpc
+
+        return grpc.StatusCode.OK
+
+
+class FakeContext:
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+def test_a_stream_whose_client_stops_reading_stops_being_read():
+    """ModelStreamInfer: messages are read and sent to Triton only while fewer than
+    UNREAD_ANSWERS answers wait for the client; a client that reads nothing gets no more of its
+    requests computed and held. Refused messages hold a slot like answered ones; every message
+    is answered once the client reads."""
+    from body_check.proxy import UNREAD_ANSWERS, CheckSettings, GrpcCheck
+
+    good = grpc_request({"TEXT": TEXTS}).SerializeToString()
+    messages = [good if k % 5 else b"\xff not a request" for k in range(64)]
+    read = []
+
+    async def client_messages():
+        for message in messages:
+            read.append(message)
+            yield message
+
+    async def scenario() -> tuple[int, int, int]:
+        check = GrpcCheck(CheckSettings("127.0.0.1:1", "127.0.0.1:1", 1 << 20))
+        upstream = FakeStreamCall()
+        check.stream_call = lambda **_: upstream
+        answers = check.stream_infer(client_messages(), FakeContext())
+        first = await anext(answers)  # the client reads one answer, then stops reading
+        assert first
+        await asyncio.sleep(0.2)
+        held = len(read)
+        got = 1 + len([a async for a in answers])  # then reads them all
+        await check.channel.close()
+        return held, got, len(upstream.written)
+
+    held, got, written = asyncio.run(scenario())
+    assert held <= UNREAD_ANSWERS + 1, f"{held} messages read while the client read one answer"
+    assert got == len(messages)
+    assert written == sum(1 for m in messages if m == good)
