@@ -94,9 +94,16 @@ class Served:
     seconds: tuple[float, ...]
 
     @classmethod
-    def of(cls, parts: list[Served]) -> Served:
+    def of(cls, parts: list[Served], order: list[int] | None = None) -> Served:
+        """The parts' outputs in turn; with ``order``, they answer inputs ``order[0]``,
+        ``order[1]``, ... and are put back in input order."""
+        outputs = np.concatenate([p.outputs for p in parts], axis=0)
+        if order is not None:
+            in_order = np.empty_like(outputs)
+            in_order[np.asarray(order)] = outputs
+            outputs = in_order
         return cls(
-            np.concatenate([p.outputs for p in parts], axis=0),
+            outputs,
             sum(p.tokens for p in parts),
             tuple(max(column) for column in zip(*(p.seconds for p in parts), strict=True)),
         )
@@ -181,16 +188,27 @@ class TritonBackend:
         if prompt_name is not None:
             parameters["prompt_name"] = prompt_name
         items: list[Any] = texts if texts is not None else list(token_rows or [])
+        order = list(range(len(items)))
+        if texts is None and len(items) > info.max_rows:
+            # each request is padded to its longest row: token-id rows go longest first, so
+            # long rows share requests with each other, not with every chunk's short ones
+            order.sort(key=lambda i: -len(items[i]))
+            items = [items[i] for i in order]
         starts = range(0, len(items), info.max_rows)
         parts = await gather_or_cancel(
             *(
                 self._infer(
-                    info, items[a : a + info.max_rows], texts is not None, a, parameters, client
+                    info,
+                    items[a : a + info.max_rows],
+                    texts is not None,
+                    order[a : a + info.max_rows],
+                    parameters,
+                    client,
                 )
                 for a in starts
             )
         )
-        return Served.of(parts)
+        return Served.of(parts, order if texts is None else None)
 
     async def rerank(
         self,
@@ -215,7 +233,7 @@ class TritonBackend:
                     info,
                     documents[a : a + info.max_rows],
                     True,
-                    a,
+                    list(range(a, min(a + info.max_rows, len(documents)))),
                     truncation.parameters(),
                     client,
                     query,
@@ -230,14 +248,15 @@ class TritonBackend:
         info: ModelInfo,
         rows: list[Any],
         as_text: bool,
-        offset: int,
+        positions: list[int],
         parameters: dict[str, Any] | None = None,
         client: str = "",
         query: str | None = None,
         inputs_field: str = "input",
     ) -> Served:
         """One request of ``rows``: texts, or token-id rows; with ``query``, a reranker's
-        (query, document) pairs, the rows being the documents."""
+        (query, document) pairs, the rows being the documents. ``positions``: each row's index
+        among the request's inputs, to name it in an error."""
         text_name, ids_name, mask_name = REQUEST_INPUTS
         if as_text:
             columns = [(text_name, [t.encode("utf-8") for t in rows])]
@@ -286,14 +305,11 @@ class TritonBackend:
             if too_long:  # name the input as the client sent it, not the model's row
                 row, tokens, limit = (int(x) for x in too_long.groups())
                 raise bad_request(
-                    f"`{inputs_field}[{offset + row}]` is {tokens} tokens; the model's limit is "
+                    f"`{inputs_field}[{positions[row]}]` is {tokens} tokens; the model's limit is "
                     f"{limit} (`truncate` END or START cuts it)",
                     param=inputs_field,
                 ) from None
-            where = (
-                f"inputs {offset}..{offset + len(rows) - 1}: " if offset or len(rows) > 1 else ""
-            )
-            raise from_triton(err.status(), err.message(), where) from None
+            raise from_triton(err.status(), err.message(), inputs_named(positions)) from None
         vectors = result.as_numpy(info.output_name)
         tokens = result.as_numpy(NUM_TOKENS_OUTPUT)
         times = result.as_numpy(TIMINGS_OUTPUT)
@@ -301,6 +317,15 @@ class TritonBackend:
             raise OpenAIError(500, "the model answered without its outputs", kind="server_error")
         seconds = times[0] if times is not None and len(times) else np.zeros(len(TIMINGS_STAGES))
         return Served(vectors, int(tokens.sum()), tuple(float(x) for x in seconds))
+
+
+def inputs_named(positions: list[int]) -> str:
+    """Which of a request's inputs one chunk held, as an error's prefix ("" for input 0 alone)."""
+    first, last = positions[0], positions[-1]
+    if positions == list(range(first, last + 1)):
+        return f"inputs {first}..{last}: " if first or last else ""
+    shown = ", ".join(map(str, positions[:8]))
+    return f"inputs {shown}{', ...' if len(positions) > 8 else ''}: "
 
 
 def check_dimensions(info: ModelInfo, dimensions: int | None) -> None:

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import math
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -76,8 +77,10 @@ class QueueOwner:
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = lambda message: None,
         front_silent_s: float = FRONT_SILENT_S,
+        vocab_size: int | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.vocab_size = vocab_size
         self.front_silent_s = front_silent_s
         self.endpoint = endpoint
         self.output_width = output_width
@@ -192,9 +195,14 @@ class QueueOwner:
     def _submit(self, front: bytes, body: list[Frame]) -> None:
         now = self.clock()
         tickets = self._live.setdefault(front, {})
-        for submitted in decode_submit(body):
+        # the front checked its rows; what would fail a whole forward is checked again here
+        longest = self.scheduler.layout.longest_row
+        for submitted in decode_submit(body, longest, self.vocab_size):
             rid = submitted.request_id
             timeout = submitted.timeout_s
+            if submitted.problem is not None:  # it fails alone, never the step it would join
+                self._respond(front, rid, ServeError(Reason.BAD_INPUTS, submitted.problem))
+                continue
             ticket = tickets[rid] = _Ticket()
             self.scheduler.submit(
                 Request(
@@ -249,12 +257,27 @@ class QueueOwner:
 
 def owner_endpoint(directory: str, model_name: str, device_id: int) -> str:
     """The Unix socket of ``model_name``'s queue owner on GPU ``device_id`` (0 on CPU), in
-    ``directory``, which is made private to this user (only its processes may submit)."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.stat(directory).st_uid != os.getuid():
-        raise RuntimeError(f"{directory} belongs to another user: choose another socket directory")
-    os.chmod(directory, 0o700)
+    ``directory``, which is made private to this user with its parent (only its processes may
+    submit, or swap the folder for another)."""
+    private_folder(os.path.dirname(os.path.abspath(directory)))
+    private_folder(directory)
     return f"ipc://{os.path.join(directory, f'{model_name}-{device_id}.sock')}"
+
+
+def private_folder(folder: str) -> None:
+    """``folder`` made, or checked, as this user's own: a real folder (not a link), owned by this
+    user, mode 0700. A parent that another user made first, or could write, would let them put
+    a folder of their own where the fronts send their rows; RuntimeError names it."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        whose = "a link" if stat.S_ISLNK(info.st_mode) else f"owned by uid {info.st_uid}"
+        raise RuntimeError(
+            f"{folder} is {whose}, not a folder of this user's own: set PLANNER_SOCKET_DIR to "
+            "another folder"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(folder, 0o700)
 
 
 def failure_file(endpoint: str) -> str:

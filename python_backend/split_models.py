@@ -156,7 +156,11 @@ class OwnerModel(EngineHost):
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
         scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
         self.owner = QueueOwner(
-            scheduler, endpoint, manifest.output_dim, log=pb_utils.Logger.log_warn
+            scheduler,
+            endpoint,
+            manifest.output_dim,
+            log=pb_utils.Logger.log_warn,
+            vocab_size=manifest.vocab_size,
         )
         self.owner.start()
         pb_utils.Logger.log_info(

@@ -77,14 +77,19 @@ NO_KEY = "!"  # keys are required and none matched
 
 def read_api_keys(path: Path) -> dict[str, str]:
     """``API_KEYS``: a file of ``name key`` lines (blank lines and ``#`` comments skipped), as
-    key -> name; a bad line, a name or key twice, is a FrontDoorError naming its line."""
+    key -> name; a bad line, a name or key twice, is a FrontDoorError naming its line. Read as
+    the image's shell script reads it: lines end at LF (a CR before it dropped), words are
+    separated by spaces and tabs only, and any other byte belongs to a word."""
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as err:
         raise FrontDoorError(f"API_KEYS: cannot read {path}: {err.strerror}") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     keys: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
-        words = line.split()
+        words = [w for w in re.split("[ \t]+", line.removesuffix("\r")) if w]
         if not words or words[0].startswith("#"):
             continue
         where = f"API_KEYS ({path}) line {number}"

@@ -29,11 +29,15 @@ if [ -n "${API_KEYS:-}" ]; then
   number=0
   seen=" ${key:-} "
   names=" "
+  cr=$(printf '\r')
   while IFS= read -r line || [ -n "$line" ]; do
     number=$((number + 1))
+    line=${line%"$cr"}  # a CRLF line reads as its LF one
     set -f
-    # shellcheck disable=SC2086 # split on blanks, as the Python side does
+    # shellcheck disable=SC2086 # split on spaces and tabs, as the Python side does
+    IFS="$(printf ' \t')"
     set -- $line
+    unset IFS
     set +f
     if [ $# -eq 0 ] || [ "${1#\#}" != "$1" ]; then
       continue

@@ -156,8 +156,8 @@ def test_a_wedged_body_check_is_restarted_like_a_dead_one(stack, tokenizer, refe
 def test_a_killed_triton_is_always_brought_back_and_only_failed_starts_end_the_launcher(
     stack, tokenizer, reference_model
 ):
-    # RESTART_LIMIT is 1: Triton killed twice (and restarted once before, for its dead stub)
-    # comes back each time; then a Triton that cannot start ends the launcher
+    # RESTART_LIMIT is 1: Triton killed (and restarted once before, for its dead stub) comes
+    # back each time, twice in a row past the limit; then a Triton that cannot start ends it
     text = "back after Triton died"
     expected = reference_model(tokenizer.encode([text], truncate=True))
     killed = []
@@ -174,22 +174,20 @@ def test_a_killed_triton_is_always_brought_back_and_only_failed_starts_end_the_l
         )
         load.start()
         time.sleep(0.5)
-        for _ in range(2):
-            pid = stack.triton_pid()
-            killed.append(pid)
-            seen = stack.output().count("Triton is back after")
-            os.kill(pid, signal.SIGKILL)
-            back_after = wait_until_answered(stack, text, expected)
-            assert back_after < 45, f"the model was not back after {back_after:.0f} s"
-            assert stack.process.poll() is None, "the launcher keeps serving"
-            settle = time.monotonic() + 30  # the launcher has seen it ready
-            while stack.output().count("Triton is back after") <= seen:
-                assert time.monotonic() < settle
-                time.sleep(0.1)
+        pid = stack.triton_pid()
+        killed.append(pid)
+        os.kill(pid, signal.SIGKILL)
+        back_after = wait_until_answered(stack, text, expected)
+        assert back_after < 45, f"the model was not back after {back_after:.0f} s"
+        assert stack.process.poll() is None, "the launcher keeps serving"
+        settle = time.monotonic() + 30  # the launcher has seen it ready
+        while stack.output().count("Triton is back after") < 2:  # the dead stub's restart too
+            assert time.monotonic() < settle
+            time.sleep(0.1)
         load.join(60)
         assert "triton failed (it exited); restarting it in" in stack.output()
         restarts = stack.metrics_samples("serve_restarts_total", part="triton", cause="exited")
-        assert [s.value for s in restarts] == [2.0]
+        assert [s.value for s in restarts] == [1.0]
         # its HTTP port taken while it is down: its next start fails, and that ends the launcher
         pid = stack.triton_pid()
         killed.append(pid)

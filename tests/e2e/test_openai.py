@@ -90,6 +90,22 @@ def test_token_id_inputs_equal_the_text_they_came_from(stack, tokenizer, api):
     assert from_ids.usage.prompt_tokens == sum(len(r) for r in rows)
 
 
+def test_token_id_rows_over_several_requests_come_back_in_input_order(stack, tokenizer, api):
+    """Over 64 rows the adapter sends token-id rows longest first (a request is padded to its
+    longest row); the answers still come in input order, each the vector of its own text."""
+    texts = [f"row {i}: " + "word " * (i * 7 % 41) for i in range(150)]
+    rows = [row.tolist() for row in tokenizer.encode(texts, truncate=True)]
+    from_ids = api.embeddings.create(model="minilm", input=rows, encoding_format="float")
+    assert [d.index for d in from_ids.data] == list(range(150))
+    got = np.array([d.embedding for d in from_ids.data], dtype=np.float32)
+    expected = np.concatenate([kserve(stack, texts[a : a + 50])[0] for a in (0, 50, 100)])
+    assert np.abs(got - expected).max() <= 1e-5
+    assert from_ids.usage.prompt_tokens == sum(len(r) for r in rows)
+    with pytest.raises(openai.BadRequestError) as refused:  # refused in one of its requests
+        api.embeddings.create(model="minilm", input=[*rows[:99], [10**6], *rows[100:]])
+    assert "inputs " in refused.value.message and "ids must lie in [0, " in refused.value.message
+
+
 def test_dimensions_shorten_and_renormalise_where_the_model_allows_it(stack, api):
     answer = api.embeddings.create(
         model="minilm_matryoshka", input=TEXTS, dimensions=128, encoding_format="float"
@@ -554,6 +570,13 @@ def a_long_row_beside_short_ones() -> tuple[str, dict]:
     return "/v1/embeddings", {"model": "minilm", "input": [[7] * 8192] + [[7]] * 2047}
 
 
+def long_rows_spread_over_every_chunk() -> tuple[str, dict]:
+    """An 8192-id row at the head of each of 32 chunks of 64, the rest one id each: sent in
+    input order, every chunk would be padded to 8192 ids."""
+    rows = [[7] * 8192 if i % 64 == 0 else [7] for i in range(2048)]
+    return "/v1/embeddings", {"model": "minilm", "input": rows}
+
+
 def one_character_strings() -> tuple[str, dict]:
     return "/v1/embeddings", {"model": "minilm", "input": ["a"] * 2048}
 
@@ -566,7 +589,14 @@ def rerank_long_query() -> tuple[str, dict]:
 
 
 @pytest.mark.parametrize(
-    "make", [tiny_ints, a_long_row_beside_short_ones, one_character_strings, rerank_long_query]
+    "make",
+    [
+        tiny_ints,
+        a_long_row_beside_short_ones,
+        long_rows_spread_over_every_chunk,
+        one_character_strings,
+        rerank_long_query,
+    ],
 )
 def test_the_adapters_memory_is_bounded_by_the_body(stack, make):
     path, payload = make()

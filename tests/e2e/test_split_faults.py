@@ -19,7 +19,7 @@ from tests.e2e.test_faults_survived import TOLERANCE, fault_stack
 from tools.serve import child_stubs, stub_model
 
 MODEL = "minilm_split"
-LONG = ["a long row " * 50] * 64  # a request that keeps the owner busy for a while
+LONG = ["a long row " * 50] * 32  # a request that keeps the owner busy for a while
 
 
 @pytest.fixture(scope="module")

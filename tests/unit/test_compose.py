@@ -280,3 +280,36 @@ def test_both_refuse_a_bad_keys_file_naming_the_line(tmp_path, lines, words):
     with pytest.raises(FrontDoorError, match=words) as info:
         read_api_keys(keys_file)
     assert f"line {len(lines)}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "refused"),
+    [
+        (f"team-a {KEY_A}\r\nteam-b\t{KEY_B}\r\n".encode(), None),  # CRLF lines, a tab
+        (f"# keys\r\n\r\nteam-a {KEY_A}".encode(), None),  # no newline at the end
+        (f"team-a {KEY_A}\nteam-b\u00a0{KEY_B}\n".encode(), "line 2: write `name key`"),
+        (f"team-a\u2003{KEY_A}\n".encode(), "line 1: write `name key`"),
+        (f"team-a {KEY_A}\x0cteam-b {KEY_B}\n".encode(), "line 1: write `name key`"),
+        (f"team-a {KEY_A}\rteam-b {KEY_B}\n".encode(), "line 1: write `name key`"),
+        (f"team-a {KEY_A[:-1]}\xff\n".encode("latin-1"), "line 1: a key is"),
+    ],
+    ids=["crlf", "no final newline", "nbsp", "em space", "form feed", "bare cr", "not utf-8"],
+)
+def test_both_read_a_keys_file_byte_for_byte_alike(tmp_path, raw, refused):
+    """Line ends and blanks as the shell reads them: lines end at LF (a CR before it dropped),
+    words are split at spaces and tabs only; anything else is part of a word, so a Unicode space
+    or a form feed between name and key is refused by both, naming the same line."""
+    from tools.front_door import FrontDoorError, keys_map, read_api_keys
+
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_bytes(raw)
+    code, written, err = run_script(tmp_path, {"API_KEYS": str(keys_file)})
+    if refused is None:
+        assert code == 0, err
+        assert written == keys_map("", read_api_keys(keys_file))
+        assert written.count("\\Q") == len(read_api_keys(keys_file)) >= 1
+    else:
+        assert code != 0 and refused in err, err
+        with pytest.raises(FrontDoorError) as info:
+            read_api_keys(keys_file)
+        assert refused in str(info.value)

@@ -383,3 +383,39 @@ def test_a_bad_embedding_type_is_a_400_naming_it(fields, words):
     assert parse_embeddings(
         {"model": "m", "input": "a", "embedding_type": "binary", "normalize": False}
     )
+
+
+def test_token_id_rows_are_sent_longest_first_and_answered_in_input_order(monkeypatch):
+    """Each request is padded to its longest row: over several requests, token-id rows are
+    grouped by length (long rows together), and the vectors come back in input order; an error
+    names the inputs of its request as the client numbered them."""
+    import asyncio
+
+    from openai_api.backend import Served, TritonBackend, inputs_named
+
+    backend = TritonBackend("127.0.0.1:1", ["m"])
+    sent: list[tuple[list[int], list[int]]] = []
+
+    async def infer(info, rows, as_text, positions, *rest, **kw):
+        assert not as_text
+        sent.append(([len(r) for r in rows], list(positions)))
+        # each row answers its own length and its input index
+        outputs = np.array([[len(r), p] for r, p in zip(rows, positions, strict=True)], float)
+        return Served(outputs, sum(len(r) for r in rows), (0.0, 0.0, 0.0))
+
+    monkeypatch.setattr(backend, "_infer", infer)
+    lengths = [300 if i % 64 == 0 else 1 + i % 5 for i in range(200)]
+    rows = [[7] * n for n in lengths]
+    info = ModelInfo("m", "EMBEDDING", 2, 64, (), 0)
+    served = asyncio.run(backend.embed(info, None, rows))
+    assert served.outputs[:, 0].tolist() == lengths  # input order
+    assert served.outputs[:, 1].tolist() == list(range(200))
+    assert served.tokens == sum(lengths)
+    assert sent[0][0][:4] == [300] * 4  # the long rows share one request
+    assert [max(s[0]) for s in sent] == sorted((max(s[0]) for s in sent), reverse=True)
+    assert sorted(p for _, positions in sent for p in positions) == list(range(200))
+    short = asyncio.run(backend.embed(info, None, rows[:64]))  # one request: as sent
+    assert sent[-1][1] == list(range(64)) and short.outputs[:, 1].tolist() == list(range(64))
+    assert inputs_named([0]) == "" and inputs_named([64, 65, 66]) == "inputs 64..66: "
+    assert inputs_named([0, 64, 128]) == "inputs 0, 64, 128: "
+    assert inputs_named(list(range(0, 200, 10))).endswith(", ...: ")

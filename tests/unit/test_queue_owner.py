@@ -3,6 +3,7 @@ with its own rows' outputs, across the process boundary and across the owner's f
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -300,3 +301,68 @@ def test_the_client_name_crosses_to_the_owners_queue(endpoint):
     finally:
         client.stop()
         owner.stop(5.0)
+
+
+def test_the_socket_folder_and_its_parent_are_this_users_own(tmp_path):
+    """The predictable base folder is checked like the server's own folder inside it: made
+    private when it is this user's, refused when it is a link or another user's (they could
+    swap the folder inside it and receive the fronts' rows)."""
+    import stat
+
+    base = tmp_path / "base"
+    base.mkdir(mode=0o777)
+    base.chmod(0o777)
+    endpoint = owner_endpoint(str(base / "123"), "m", 0)
+    assert endpoint == f"ipc://{base / '123' / 'm-0.sock'}"
+    for folder in (base, base / "123"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere)
+    with pytest.raises(RuntimeError, match="linked is a link"):
+        owner_endpoint(str(tmp_path / "linked" / "123"), "m", 0)
+    if os.getuid() == 0:  # only root can give a folder away
+        foreign = tmp_path / "foreign"
+        foreign.mkdir(mode=0o777)
+        os.chown(foreign, 65534, 65534)
+        with pytest.raises(RuntimeError, match="owned by uid 65534"):
+            owner_endpoint(str(foreign / "123"), "m", 0)
+
+
+def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
+    """The owner checks again what its fronts checked and what would fail a whole forward: a
+    row longer than the engine takes, or an id outside the vocabulary, fails its own request
+    (BAD_INPUTS, naming the row); the requests beside it in the same step are answered."""
+    owner = fake_owner(endpoint)
+    owner.vocab_size = 30000
+    longest = owner.scheduler.layout.longest_row
+    owner.start()
+    client = OwnerClient(endpoint, WIDTH)
+    client.start()
+    try:
+        assert client.wait_connected(WAIT_S)
+        fine = [np.arange(1, 9, dtype=np.int64)]
+        sent = {
+            "fine": fine,
+            "too long": [fine[0], np.ones(longest + 1, np.int64)],
+            "outside": [np.asarray([5, 30000], np.int64)],
+            "negative": [np.asarray([-1], np.int64)],
+            "also fine": fine * 3,
+        }
+        answers = Answers()
+        for k, rows in sent.items():
+            client.submit(rows, answers.respond_for(k), timeout_s=30.0)
+        answers.wait(len(sent))
+        for k in ("fine", "also fine"):
+            assert isinstance(answers.outcomes[k], Answer), answers.outcomes[k]
+        for k, why in (
+            ("too long", f"row 1 has {longest + 1} tokens, the engine at most {longest}"),
+            ("outside", "row 0 holds a token id outside [0, 30000)"),
+            ("negative", "row 0 holds a token id outside [0, 30000)"),
+        ):
+            error = answers.outcomes[k]
+            assert isinstance(error, ServeError) and error.reason is Reason.BAD_INPUTS, error
+            assert str(error) == why
+    finally:
+        client.stop()
+        owner.stop()
