@@ -1,5 +1,5 @@
 """An emulated engine for bench repositories only: each forward takes the time a cost table
-gives for its shape, waiting instead of computing, and returns NaN (its outputs are never real).
+gives for its shape, waiting instead of computing, and returns zeros (its outputs are never real).
 
 Served by the real Triton server in place of ONNX Runtime, it shows what the server around the
 engine costs when forwards run at GPU speed: with a table of zeros, the most rows/s the server
@@ -51,7 +51,7 @@ class EmulatedEngine:
         wait = self.seconds(rows, length)
         if wait > 0:
             time.sleep(wait)
-        return np.full((rows, self.output_dim), np.nan, dtype=np.float32)
+        return np.zeros((rows, self.output_dim), dtype=np.float32)  # finite: answered
 
     def close(self) -> None:
         pass

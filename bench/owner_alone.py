@@ -39,6 +39,7 @@ from bench.errors import BenchError, reports_errors
 from bench.paths import ROOT
 
 OUTPUT_DIM = 384
+VOCAB_SIZE = 30522  # the owner checks its fronts' ids against the vocabulary, as served
 PLANNER_OVERHEAD_TOKENS = 128.0
 # --overlap: the owner's forwards on an engine thread (Scheduler overlap), or not, or both
 OVERLAP = {
@@ -96,7 +97,7 @@ def serve(endpoint: str, table: str, overlap: bool = False) -> None:
     scheduler = Scheduler(
         engine, 0, LinearCost(overhead), engine.layout.max_batch, 10**6, overlap=overlap
     )
-    owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM)
+    owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM, vocab_size=VOCAB_SIZE)
     owner.start()
     print(f"ready {scheduler.thread_id}", flush=True)
     sys.stdin.read()

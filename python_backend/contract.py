@@ -151,6 +151,7 @@ class Reason(str, Enum):
     SHUTDOWN = "shutdown"  # the model is stopping
     OWNER_LOST = "owner_lost"  # the queue owner (or a stalled front) dropped it: retry
     FORWARD_FAILED = "forward_failed"  # a forward failed even for one row alone
+    NON_FINITE = "non_finite"  # the engine's output for a row was NaN or infinite, even alone
     INTERNAL = "internal"  # a bug in the server (decoding or scheduling): never the client's
 
     @property
@@ -165,6 +166,7 @@ _KINDS = {
     Reason.SHUTDOWN: ErrorKind.SHUTDOWN,
     Reason.OWNER_LOST: ErrorKind.SHUTDOWN,
     Reason.FORWARD_FAILED: ErrorKind.FAILED,
+    Reason.NON_FINITE: ErrorKind.FAILED,
     Reason.INTERNAL: ErrorKind.FAILED,
 }
 

@@ -235,6 +235,10 @@ class _BudgetLayout:
         return self.base.mergeable(num_tokens)
 
 
+def _all_finite(outputs: np.ndarray | None) -> bool:
+    return outputs is None or bool(np.isfinite(outputs).all())
+
+
 def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
     """For each forward, the clients with rows in the forwards after it."""
     later: list[frozenset[str]] = []
@@ -305,8 +309,10 @@ class Scheduler:
         metrics: SchedulerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         overlap: bool = False,
+        log: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.engine = engine
+        self.log = log  # what went wrong with the engine's outputs, for the operator
         self.layout: BucketLayout = engine.layout.capped(max_batch)
         self.pad_token_id = pad_token_id
         self.cost = cost
@@ -497,7 +503,7 @@ class Scheduler:
         # padded while the forward before it runs
         inputs = pad_rows([r.ids for r in forward.rows], forward.padded_length, self.pad_token_id)
         ran = self._wait_in_flight()
-        if ran is not None and ran.error is not None:
+        if ran is not None and (ran.error is not None or not _all_finite(ran.outputs)):
             self._settle(ran)  # its parts first, one at a time, before anything else runs
             ran = None
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
@@ -561,11 +567,18 @@ class Scheduler:
                 )
 
     def complete(self, forward: Forward, outputs: np.ndarray) -> None:
-        """Scatters a forward's outputs to their requests; answers each one now complete."""
+        """Scatters a forward's outputs to their requests; answers each one now complete. A row
+        whose output is not finite is never answered from it: run once more alone, then, if it
+        is still not finite, its request fails (NON_FINITE). The engine is idle here."""
         width = outputs.shape[1]
-        for row, values in zip(forward.rows, outputs, strict=True):
+        finite = np.isfinite(outputs).all(axis=1)
+        again: list[RowRef] = []
+        for row, values, ok in zip(forward.rows, outputs, finite, strict=True):
             owner = row.owner
             if owner.done:
+                continue
+            if not ok:
+                again.append(row)
                 continue
             if owner.outputs is None:
                 owner.outputs = np.empty((len(owner.request.rows), width), np.float32)
@@ -580,6 +593,29 @@ class Scheduler:
                 queue_s, inference_s = started - owner.arrived_at, self.clock() - started
                 self.metrics.answered(queue_s, inference_s)
                 self._finish(owner, Answer(owner.outputs, tokens, queue_s, inference_s))
+        if again:
+            self._non_finite(forward, again)
+
+    def _non_finite(self, forward: Forward, rows: list[RowRef]) -> None:
+        where = f"a forward of {len(forward.rows)} rows at length {forward.padded_length}"
+        self.log(f"{len(rows)} row(s) of {where} came out NaN or infinite")
+        if len(forward.rows) == 1:
+            (row,) = rows
+            self._finish(
+                row.owner,
+                ServeError(
+                    Reason.NON_FINITE,
+                    f"row {row.index} ({row.num_tokens} tokens): the model's output is NaN or "
+                    "infinite, even computed alone",
+                ),
+            )
+            return
+        settling, self._settling = self._settling, True  # each runs now, inline
+        try:
+            for row in rows:
+                self.run(self._forward(self.layout.pad_len(row.num_tokens), [row]))
+        finally:
+            self._settling = settling
 
     # -- the serving thread: a loop around step -------------------------------------------------
 

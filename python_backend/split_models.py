@@ -154,7 +154,9 @@ class OwnerModel(EngineHost):
         engine = self.load_engine(manifest, version_dir, instance.device_id)
         self.pin_engine_host(manifest, settings.pin_cores)
         self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
-        scheduler, cost = planner_scheduler(settings, manifest, engine, self.metrics)
+        scheduler, cost = planner_scheduler(
+            settings, manifest, engine, self.metrics, self.instance_name
+        )
         self.owner = QueueOwner(
             scheduler,
             endpoint,

@@ -196,10 +196,10 @@ def request_decoder(
 
 
 def planner_scheduler(
-    settings: Settings, manifest: Manifest, engine: Engine, metrics: Any
+    settings: Settings, manifest: Manifest, engine: Engine, metrics: Any, name: str
 ) -> tuple[Scheduler, CostModel]:
     """The scheduler (not started) over ``engine``, and the cost it plans with: the manifest's,
-    unless a setting overrides it."""
+    unless a setting overrides it. ``name``: the instance, in what the scheduler logs."""
     cost = (
         LinearCost(settings.overhead_tokens)
         if settings.overhead_tokens is not None
@@ -214,6 +214,7 @@ def planner_scheduler(
         policy=settings.planner,
         metrics=metrics,
         overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
+        log=lambda message: pb_utils.Logger.log_warn(f"{name}: {message}"),
     )
     return scheduler, cost
 
@@ -254,7 +255,7 @@ def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: An
     """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
     reading the tokenizer, so tests call it with a real manifest and a fake engine."""
     settings = settings_from_parameters(instance.parameters, instance.model_name)
-    scheduler, cost = planner_scheduler(settings, manifest, engine, metrics)
+    scheduler, cost = planner_scheduler(settings, manifest, engine, metrics, instance.instance_name)
     decoder = request_decoder(instance, manifest, settings, engine.layout.longest_row)
     return Wiring(settings=settings, cost=cost, decoder=decoder, scheduler=scheduler)
 

@@ -35,7 +35,7 @@ def test_the_servers_own_time_is_measured_beside_the_model_never_inside_its_repo
     try:
         rows = ["one row", "and a longer row of text"]
         embeddings, num_tokens = infer(c, EMULATED, text_inputs("http", rows))
-        assert embeddings.shape[0] == 2 and np.isnan(embeddings).all()
+        assert embeddings.shape[0] == 2 and not embeddings.any()  # zeros: no model ran
         tokenizer = Tokenizer.from_file(str(repository / "minilm" / "1" / "tokenizer.json"))
         tokenizer.no_padding()
         # the rows were really tokenized, only the forward is emulated

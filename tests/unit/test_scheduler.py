@@ -6,10 +6,17 @@ import time
 import numpy as np
 import pytest
 
-from python_backend.contract import ErrorKind, ServeError
+from python_backend.contract import ErrorKind, Reason, ServeError
 from python_backend.cost_models import LinearCost
 from python_backend.planner import PLANNERS
-from python_backend.scheduler import Answer, Policy, PolicyPlan, Request, Scheduler
+from python_backend.scheduler import (
+    Answer,
+    Policy,
+    PolicyPlan,
+    Request,
+    Scheduler,
+    SchedulerMetrics,
+)
 from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 
@@ -136,6 +143,52 @@ def test_a_row_that_fails_even_alone_fails_only_its_own_request():
     _, _, error = answers.by_request[99]
     assert isinstance(error, ServeError) and error.kind is ErrorKind.FAILED
     assert "row 0 (3 tokens) failed even alone" in str(error) and "engine fault" in str(error)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlapped"])
+def test_a_non_finite_output_is_never_answered(overlap):
+    """A row whose output comes out NaN or infinite is run once more alone: answered from that
+    forward when it is finite there (an overflow that depends on its companions), else its
+    request fails with NON_FINITE, counted and logged. Every other row is answered from its
+    first forward, each request exactly once."""
+    always, in_company = 4242, 4343
+
+    class NonFiniteEngine(FakeChecksumEngine):
+        def run(self, input_ids, attention_mask):
+            outputs = super().run(input_ids, attention_mask)
+            outputs[(input_ids == always).any(axis=1)] = np.nan
+            if len(input_ids) > 1:
+                outputs[(input_ids == in_company).any(axis=1), 1] = np.inf
+            return outputs
+
+    engine = NonFiniteEngine(layout())
+    logged: list[str] = []
+    refused = []
+
+    class Counted(SchedulerMetrics):
+        def refused(self, reason):
+            refused.append(reason)
+
+    scheduler = scheduler_for(
+        engine, overhead=10_000, overlap=overlap, log=logged.append, metrics=Counted()
+    )
+    answers = Answers()
+    rng = np.random.default_rng(3)
+    good = [make_rows(rng, 3, max_len=15) for _ in range(4)]
+    saved = [np.array([5, in_company, 7]), np.array([1, 2])]
+    lost = [np.array([8, 9]), np.array([5, always, 7])]
+    requests = [Request(r, answers.responder(i)) for i, r in enumerate([*good, saved, lost])]
+    run_now(scheduler, requests)
+    for i, rows in enumerate([*good, saved]):
+        assert_answer_matches(answers.by_request[i], rows)
+    _, _, error = answers.by_request[len(good) + 1]
+    assert isinstance(error, ServeError) and error.reason is Reason.NON_FINITE
+    assert error.kind is ErrorKind.FAILED
+    assert str(error).startswith("row 1 (3 tokens): the model's output is NaN or infinite")
+    assert refused == [Reason.NON_FINITE]
+    assert logged and all("came out NaN or infinite" in line for line in logged)
+    assert engine.calls[0][0] > 1 and engine.calls.count((1, 16)) >= 2  # each alone, once more
+    scheduler.stop()
 
 
 def test_an_engine_that_answers_fewer_rows_than_it_was_given_mixes_up_no_answers():
