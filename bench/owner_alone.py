@@ -39,7 +39,7 @@ from bench.errors import BenchError, reports_errors
 from bench.paths import ROOT
 
 OUTPUT_DIM = 384
-VOCAB_SIZE = 30522  # the owner checks its fronts' ids against the vocabulary, as served
+VOCAB_SIZE = 30522  # the owner's forwards check ids against the vocabulary, as served
 PLANNER_OVERHEAD_TOKENS = 128.0
 # --overlap: the owner's forwards on an engine thread (Scheduler overlap), or not, or both
 OVERLAP = {
@@ -95,9 +95,15 @@ def serve(endpoint: str, table: str, overlap: bool = False) -> None:
     # the planner's fixed cost: the table's own, as calibration would find it (the simulator's)
     overhead = PLANNER_OVERHEAD_TOKENS if engine.table is None else engine.table.fixed_tokens
     scheduler = Scheduler(
-        engine, 0, LinearCost(overhead), engine.layout.max_batch, 10**6, overlap=overlap
+        engine,
+        0,
+        LinearCost(overhead),
+        engine.layout.max_batch,
+        10**6,
+        overlap=overlap,
+        vocab_size=VOCAB_SIZE,
     )
-    owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM, vocab_size=VOCAB_SIZE)
+    owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM)
     owner.start()
     print(f"ready {scheduler.thread_id}", flush=True)
     sys.stdin.read()

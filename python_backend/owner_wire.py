@@ -60,7 +60,6 @@ class Submitted:
     rows: list[np.ndarray]  # int64 token ids per row (views into one buffer)
     timeout_s: float | None  # seconds it may still wait, measured when the front sent it
     client: str = ""  # who sent it (the front door's name): the owner's queue shares by it
-    problem: str | None = None  # why its rows cannot run (decode_submit's bounds), or None
 
 
 @dataclass(eq=False, slots=True)
@@ -162,12 +161,7 @@ def encode_submit(
     ]
 
 
-def decode_submit(
-    frames: Sequence[Frame], longest: int | None = None, vocab_size: int | None = None
-) -> list[Submitted]:
-    """The requests of a SUBMIT message. With ``longest`` and ``vocab_size``, a request with a row
-    longer than ``longest`` or an id outside [0, vocab_size) carries its ``problem``: checked over
-    the whole message at once, so that one bad request fails alone, not the forward it joins."""
+def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
     if len(frames) != 8 or bytes(frames[0]) != SUBMIT:
         raise WireError(f"a submit message has 8 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
@@ -191,29 +185,12 @@ def decode_submit(
         raise WireError("a request with no rows or a row with no tokens")
     wide = tokens.astype(np.int64)  # one conversion for the whole message
     rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
-    spans = _spans(rows_per)
-    submitted = [
+    return [
         Submitted(request_id, rows[a:b], None if math.isnan(timeout) else timeout, client)
         for request_id, (a, b), timeout, client in zip(
-            request_ids.tolist(), spans, timeouts.tolist(), clients, strict=True
+            request_ids.tolist(), _spans(rows_per), timeouts.tolist(), clients, strict=True
         )
     ]
-    too_long = longest is not None and len(lengths) > 0 and int(lengths.max()) > longest
-    outside = (
-        vocab_size is not None
-        and len(wide) > 0
-        and (int(wide.min()) < 0 or int(wide.max()) >= vocab_size)
-    )
-    if too_long or outside:  # rare: then find which requests
-        for request in submitted:
-            for r, row in enumerate(request.rows):
-                if longest is not None and len(row) > longest:
-                    request.problem = f"row {r} has {len(row)} tokens, the engine at most {longest}"
-                elif vocab_size is not None and (row.min() < 0 or row.max() >= vocab_size):
-                    request.problem = f"row {r} holds a token id outside [0, {vocab_size})"
-                if request.problem is not None:
-                    break
-    return submitted
 
 
 def encode_cancel(request_ids: Sequence[int]) -> list[Frame]:

@@ -77,10 +77,8 @@ class QueueOwner:
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = lambda message: None,
         front_silent_s: float = FRONT_SILENT_S,
-        vocab_size: int | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.vocab_size = vocab_size
         self.front_silent_s = front_silent_s
         self.endpoint = endpoint
         self.output_width = output_width
@@ -195,14 +193,9 @@ class QueueOwner:
     def _submit(self, front: bytes, body: list[Frame]) -> None:
         now = self.clock()
         tickets = self._live.setdefault(front, {})
-        # the front checked its rows; what would fail a whole forward is checked again here
-        longest = self.scheduler.layout.longest_row
-        for submitted in decode_submit(body, longest, self.vocab_size):
+        for submitted in decode_submit(body):
             rid = submitted.request_id
             timeout = submitted.timeout_s
-            if submitted.problem is not None:  # it fails alone, never the step it would join
-                self._respond(front, rid, ServeError(Reason.BAD_INPUTS, submitted.problem))
-                continue
             ticket = tickets[rid] = _Ticket()
             self.scheduler.submit(
                 Request(

@@ -235,8 +235,16 @@ class _BudgetLayout:
         return self.base.mergeable(num_tokens)
 
 
-def _all_finite(outputs: np.ndarray | None) -> bool:
-    return outputs is None or bool(np.isfinite(outputs).all())
+def finite_rows(outputs: np.ndarray) -> np.ndarray:
+    """[rows] bool: which rows of a forward's outputs are finite throughout. A row's sum is
+    NaN or infinite when any of its values is (one matrix-vector product, a third of the cost
+    of testing every value); only when one is, every value of the rows is tested, since a sum
+    of finite values may also overflow."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = outputs @ np.ones(outputs.shape[1], outputs.dtype)
+    if np.isfinite(sums).all():
+        return np.ones(len(outputs), bool)
+    return np.isfinite(outputs).all(axis=1)
 
 
 def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
@@ -258,6 +266,11 @@ class _Ran:
     outputs: np.ndarray | None
     error: Exception | None
     seconds: float
+    finite: np.ndarray | None = None  # [rows] bool, read on the engine thread
+
+    @property
+    def all_finite(self) -> bool:
+        return self.finite is None or bool(self.finite.all())
 
 
 class _EngineThread:
@@ -266,8 +279,9 @@ class _EngineThread:
     after it. It pays where a forward releases the GIL while it waits (a GPU's); ONNX Runtime on
     the same cores gains nothing from it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, vocab_size: int | None) -> None:
         self._engine = engine
+        self._vocab_size = vocab_size
         self._jobs: queue.SimpleQueue[tuple[Forward, np.ndarray, np.ndarray] | None] = (
             queue.SimpleQueue()
         )
@@ -290,8 +304,9 @@ class _EngineThread:
             forward, ids, mask = job
             started = time.perf_counter()
             try:
-                outputs = run_padded(self._engine, ids, mask)
-                ran = _Ran(forward, outputs, None, time.perf_counter() - started)
+                outputs = run_padded(self._engine, ids, mask, self._vocab_size)
+                seconds = time.perf_counter() - started
+                ran = _Ran(forward, outputs, None, seconds, finite_rows(outputs))
             except Exception as err:  # the scheduler thread splits and retries it
                 ran = _Ran(forward, None, err, time.perf_counter() - started)
             self._ran.put(ran)
@@ -310,9 +325,13 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         overlap: bool = False,
         log: Callable[[str], None] = lambda message: None,
+        vocab_size: int | None = None,
     ) -> None:
         self.engine = engine
         self.log = log  # what went wrong with the engine's outputs, for the operator
+        # ids checked again before each forward (a queue owner's fronts decoded them; an id past
+        # the vocabulary fails its row alone, through the split below, never the forward)
+        self.vocab_size = vocab_size
         self.layout: BucketLayout = engine.layout.capped(max_batch)
         self.pad_token_id = pad_token_id
         self.cost = cost
@@ -436,6 +455,11 @@ class Scheduler:
         if not rows:
             return []
         seen = QueuedRows([r.num_tokens for r in rows], [r.owner.arrived_at for r in rows])
+        if max(seen.num_tokens) > self.layout.longest_row:
+            rows = self._without_too_long(rows, self.layout.longest_row)
+            if not rows:
+                return []
+            seen = QueuedRows([r.num_tokens for r in rows], [r.owner.arrived_at for r in rows])
         decision = self.policy.plan(seen, now, self.layout, self.cost)
         self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
@@ -456,6 +480,24 @@ class Scheduler:
                 f.rows[0].index,
             ),
         )
+
+    def _without_too_long(self, rows: list[RowRef], longest: int) -> list[RowRef]:
+        """The rows of requests whose every row the engine takes; the others fail now, alone
+        (their fronts decode to the model's limit: a longer row is a disagreement between the
+        two, and no forward could run it)."""
+        refused: set[int] = set()
+        for row in rows:
+            if row.num_tokens > longest and id(row.owner) not in refused:
+                refused.add(id(row.owner))
+                self._finish(
+                    row.owner,
+                    ServeError(
+                        Reason.TOO_LONG,
+                        f"row {row.index} has {row.num_tokens} tokens; the engine takes at most "
+                        f"{longest}",
+                    ),
+                )
+        return [row for row in rows if id(row.owner) not in refused]
 
     def run(self, forward: Forward) -> None:
         """Executes one forward and completes it; on failure, splits it and runs the parts.
@@ -489,7 +531,9 @@ class Scheduler:
         ``overlap``, on the engine thread, which is idle then)."""
         rows = [row.ids for row in forward.rows]
         if self._engine_thread is None:
-            return run_rows(self.engine, rows, forward.padded_length, self.pad_token_id)
+            return run_rows(
+                self.engine, rows, forward.padded_length, self.pad_token_id, self.vocab_size
+            )
         self._engine_thread.submit(
             forward, *pad_rows(rows, forward.padded_length, self.pad_token_id)
         )
@@ -503,7 +547,7 @@ class Scheduler:
         # padded while the forward before it runs
         inputs = pad_rows([r.ids for r in forward.rows], forward.padded_length, self.pad_token_id)
         ran = self._wait_in_flight()
-        if ran is not None and (ran.error is not None or not _all_finite(ran.outputs)):
+        if ran is not None and (ran.error is not None or not ran.all_finite):
             self._settle(ran)  # its parts first, one at a time, before anything else runs
             ran = None
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
@@ -518,7 +562,7 @@ class Scheduler:
                 if row.owner.started_at is None:
                     row.owner.started_at = now
             if self._engine_thread is None:
-                self._engine_thread = _EngineThread(self.engine)
+                self._engine_thread = _EngineThread(self.engine, self.vocab_size)
             self._engine_thread.submit(forward, *inputs)
             self._in_flight = forward
         if ran is not None:
@@ -550,7 +594,7 @@ class Scheduler:
         real_tokens = sum(row.num_tokens for row in forward.rows)
         self.metrics.forward(forward.padded_length, len(forward.rows), real_tokens, ran.seconds)
         self.metrics.flush_if_due()
-        self.complete(forward, ran.outputs)
+        self.complete(forward, ran.outputs, ran.finite)
 
     def _settle_after_error(self, err: Exception) -> None:
         """After an internal error: the forward in flight (this step's or the one before's)
@@ -566,19 +610,22 @@ class Scheduler:
                     row.owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
                 )
 
-    def complete(self, forward: Forward, outputs: np.ndarray) -> None:
+    def complete(
+        self, forward: Forward, outputs: np.ndarray, finite: np.ndarray | None = None
+    ) -> None:
         """Scatters a forward's outputs to their requests; answers each one now complete. A row
-        whose output is not finite is never answered from it: run once more alone, then, if it
-        is still not finite, its request fails (NON_FINITE). The engine is idle here."""
+        whose output is not finite (``finite``: which are, when known) is never answered from
+        it: run once more alone, then, if it is still not finite, its request fails
+        (NON_FINITE). The engine is idle here."""
         width = outputs.shape[1]
-        finite = np.isfinite(outputs).all(axis=1)
+        finite = finite_rows(outputs) if finite is None else finite
         again: list[RowRef] = []
-        for row, values, ok in zip(forward.rows, outputs, finite, strict=True):
+        if not finite.all():
+            again = [row for row, ok in zip(forward.rows, finite.tolist(), strict=True) if not ok]
+            skipped = {id(row) for row in again}
+        for row, values in zip(forward.rows, outputs, strict=True):
             owner = row.owner
-            if owner.done:
-                continue
-            if not ok:
-                again.append(row)
+            if owner.done or (again and id(row) in skipped):
                 continue
             if owner.outputs is None:
                 owner.outputs = np.empty((len(owner.request.rows), width), np.float32)

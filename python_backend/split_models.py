@@ -162,7 +162,6 @@ class OwnerModel(EngineHost):
             endpoint,
             manifest.output_dim,
             log=pb_utils.Logger.log_warn,
-            vocab_size=manifest.vocab_size,
         )
         self.owner.start()
         pb_utils.Logger.log_info(

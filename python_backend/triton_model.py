@@ -215,6 +215,7 @@ def planner_scheduler(
         metrics=metrics,
         overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
         log=lambda message: pb_utils.Logger.log_warn(f"{name}: {message}"),
+        vocab_size=manifest.vocab_size,
     )
     return scheduler, cost
 

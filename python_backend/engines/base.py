@@ -102,14 +102,24 @@ def graph_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str,
 
 
 def run_rows(
-    engine: Engine, rows: list[np.ndarray], padded_length: int, pad_token_id: int
+    engine: Engine,
+    rows: list[np.ndarray],
+    padded_length: int,
+    pad_token_id: int,
+    vocab_size: int | None = None,
 ) -> np.ndarray:
     """One forward of ``rows`` right-padded to ``padded_length``: [len(rows), D] float32."""
-    return run_padded(engine, *pad_rows(rows, padded_length, pad_token_id))
+    return run_padded(engine, *pad_rows(rows, padded_length, pad_token_id), vocab_size)
 
 
-def run_padded(engine: Engine, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """One forward of rows already padded (``pad_rows``), checked to answer every row."""
+def run_padded(
+    engine: Engine, ids: np.ndarray, mask: np.ndarray, vocab_size: int | None = None
+) -> np.ndarray:
+    """One forward of rows already padded (``pad_rows``), checked to answer every row. With
+    ``vocab_size``, ids outside [0, vocab_size) are refused before the engine sees them (an
+    embedding lookup past its table is an error on the CPU, and may be worse on a GPU)."""
+    if vocab_size is not None and ids.size and int(ids.view(np.uint64).max()) >= vocab_size:
+        raise ValueError(f"a token id lies outside the vocabulary [0, {vocab_size})")
     out = engine.run(ids, mask)
     if out.shape[0] != ids.shape[0]:
         raise RuntimeError(f"engine returned {out.shape[0]} rows for {ids.shape[0]}")

@@ -331,10 +331,11 @@ def test_the_socket_folder_and_its_parent_are_this_users_own(tmp_path):
 
 def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
     """The owner checks again what its fronts checked and what would fail a whole forward: a
-    row longer than the engine takes, or an id outside the vocabulary, fails its own request
-    (BAD_INPUTS, naming the row); the requests beside it in the same step are answered."""
+    row longer than the engine takes fails its request at planning (TOO_LONG, naming the row);
+    an id outside the vocabulary is refused before the engine sees it, and the split that
+    follows leaves that row failing alone. The requests beside them are answered."""
     owner = fake_owner(endpoint)
-    owner.vocab_size = 30000
+    owner.scheduler.vocab_size = 30000
     longest = owner.scheduler.layout.longest_row
     owner.start()
     client = OwnerClient(endpoint, WIDTH)
@@ -355,14 +356,14 @@ def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
         answers.wait(len(sent))
         for k in ("fine", "also fine"):
             assert isinstance(answers.outcomes[k], Answer), answers.outcomes[k]
-        for k, why in (
-            ("too long", f"row 1 has {longest + 1} tokens, the engine at most {longest}"),
-            ("outside", "row 0 holds a token id outside [0, 30000)"),
-            ("negative", "row 0 holds a token id outside [0, 30000)"),
-        ):
+        error = answers.outcomes["too long"]
+        assert isinstance(error, ServeError) and error.reason is Reason.TOO_LONG, error
+        assert str(error) == f"row 1 has {longest + 1} tokens; the engine takes at most {longest}"
+        for k in ("outside", "negative"):
             error = answers.outcomes[k]
-            assert isinstance(error, ServeError) and error.reason is Reason.BAD_INPUTS, error
-            assert str(error) == why
+            assert isinstance(error, ServeError) and error.reason is Reason.FORWARD_FAILED, error
+            assert "failed even alone" in str(error)
+            assert "outside the vocabulary [0, 30000)" in str(error)
     finally:
         client.stop()
         owner.stop()

@@ -191,6 +191,18 @@ def test_a_non_finite_output_is_never_answered(overlap):
     scheduler.stop()
 
 
+def test_finite_rows_are_told_apart_exactly():
+    from python_backend.scheduler import finite_rows
+
+    outputs = np.ones((5, 8), np.float32)
+    assert finite_rows(outputs).tolist() == [True] * 5
+    outputs[1, 3] = np.nan
+    outputs[2, 0], outputs[2, 1] = np.inf, -np.inf  # their sum is NaN
+    outputs[3, 7] = -np.inf
+    outputs[4] = 3e38  # finite, though the sum of the row overflows
+    assert finite_rows(outputs).tolist() == [True, False, False, False, True]
+
+
 def test_an_engine_that_answers_fewer_rows_than_it_was_given_mixes_up_no_answers():
     engine = FakeChecksumEngine(layout(max_rows=8))
     checked = engine.run
