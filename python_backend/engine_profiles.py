@@ -39,11 +39,14 @@ class EngineProfile:
     opt_shape: Shape  # the shape TensorRT tunes kernels for
     max_shape: Shape
     captured_batch_sizes: tuple[int, ...] = ()  # ascending, last = max rows; () for none
+    # the long-row profile, marked: each row at its exact length. Never read from the shapes:
+    # with the last bucket one below the max length, its lengths are min = max too
+    exact_lengths: bool = False
 
     @property
     def fixed_length(self) -> int | None:
-        """The bucket length every row of this profile runs at; None where lengths vary."""
-        return self.min_shape[1] if self.min_shape[1] == self.max_shape[1] else None
+        """The bucket length every row of this profile runs at; None for the long-row one."""
+        return None if self.exact_lengths else self.min_shape[1]
 
     @property
     def max_rows(self) -> int:
@@ -61,12 +64,12 @@ class EngineProfiles:
 
     @property
     def buckets(self) -> tuple[EngineProfile, ...]:
-        return tuple(p for p in self.profiles if p.fixed_length is not None)
+        return tuple(p for p in self.profiles if not p.exact_lengths)
 
     @property
     def long_rows(self) -> EngineProfile | None:
         last = self.profiles[-1]
-        return last if last.fixed_length is None else None
+        return last if last.exact_lengths else None
 
     @property
     def max_rows(self) -> int:
@@ -114,6 +117,7 @@ def engine_profiles(
                 (1, last + 1),
                 (long_rows.opt_rows, long_rows.opt_length),
                 (long_rows.max_rows, max_length),
+                exact_lengths=True,
             )
         )
     return EngineProfiles(tuple(input_names), tuple(profiles))

@@ -153,3 +153,32 @@ def test_the_engine_profiles_are_the_buckets_then_the_long_rows_in_order():
     last, top = manifest().last_bucket, manifest().max_length
     assert long_rows.min_shape == (1, last + 1) and long_rows.max_shape[1] == top
     assert profiles.max_tokens == max(p.max_rows * p.max_shape[1] for p in profiles.profiles)
+
+
+def test_a_long_row_range_of_one_length_is_still_the_long_row_profile():
+    """With the last bucket one below the max length, the long-row profile takes one length
+    (min = max): it is marked as the long-row profile, not read as another bucket, and the
+    TensorRT engine runs a row of exactly the max length on it."""
+    from python_backend.engines.base import BucketLayout
+    from python_backend.engines.tensorrt_engine import TensorRTEngine
+
+    one_above = manifest(
+        buckets=(Bucket(16, 64, 32, (1, 64)), Bucket(299, 8, 4, ())),
+        max_length=300,
+        long_rows=LongRows(4, 300),
+    )
+    profiles = one_above.engine_profiles
+    assert [p.fixed_length for p in profiles.buckets] == [16, 299]
+    assert profiles.long_rows is profiles.profiles[-1]
+    assert profiles.long_rows.min_shape[1] == profiles.long_rows.max_shape[1] == 300
+    # the engine's profile selection, over contexts that are only markers (no GPU here)
+    engine = TensorRTEngine.__new__(TensorRTEngine)
+    engine.layout = BucketLayout.from_manifest(one_above)
+    engine.profile_table = profiles
+    engine.profiles, engine.long_profile = [], None
+    engine._open_context = lambda index, batch: f"context {index}"  # type: ignore[method-assign]
+    for index in range(len(profiles.profiles)):
+        engine._add_profile(index)
+    assert engine._profile_for(300) is engine.long_profile is not None
+    assert engine._profile_for(300).index == 2 and engine._profile_for(299).index == 1
+    assert engine._profile_for(16).fixed_length == 16
