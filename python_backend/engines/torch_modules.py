@@ -41,6 +41,16 @@ TORCH_WEIGHTS, TORCH_RECORD = ENGINE_FILES["torch"]  # in a model's version fold
 RECORD_FORMAT = 1
 
 
+def without_kv_cache(model: nn.Module) -> nn.Module:
+    """``model`` set to keep no key/value cache: a forward here is prefill only, nothing is
+    generated after it, and a decoder would otherwise build its cache in every forward (and,
+    captured in a CUDA graph, keep it reserved for the life of the process)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+    return model
+
+
 class EmbeddingHead(nn.Module):
     def __init__(
         self,
@@ -50,7 +60,7 @@ class EmbeddingHead(nn.Module):
         after_pooling: list[nn.Module] | None = None,
     ) -> None:
         super().__init__()
-        self.encoder = encoder
+        self.encoder = without_kv_cache(encoder)
         self.pooling = pooling
         self.normalize = normalize
         self.after_pooling = nn.Sequential(*(after_pooling or []))
@@ -80,7 +90,7 @@ class EmbeddingHead(nn.Module):
 class ClassifierHead(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        self.model = without_kv_cache(model)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
@@ -91,7 +101,7 @@ class PairScorer(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        self.model = without_kv_cache(model)
 
     def forward(
         self,
@@ -114,6 +124,7 @@ class LastTokenScorer(nn.Module):
 
     def __init__(self, model: nn.Module, token_ids: list[int] | None) -> None:
         super().__init__()
+        without_kv_cache(model)
         self.body = getattr(model, "base_model", model)  # the decoder stack, without lm_head
         output_embeddings = getattr(model, "get_output_embeddings", None)
         head = output_embeddings() if callable(output_embeddings) else None

@@ -232,3 +232,28 @@ def test_a_decoder_that_changes_its_logits_after_the_head_is_refused(tiny_decode
     check_last_token_scorer(scorer, model, 30522)  # the model itself passes
     with pytest.raises(ValueError, match="after lm_head"):
         check_last_token_scorer(scorer, Capped(), 30522)
+
+
+def test_no_wrapper_builds_a_key_value_cache(tiny_decoder_dir):
+    """Every forward here is prefill only: the decoder under the scorer returns no cache (one
+    would be built in every forward, and kept inside every CUDA graph), with the same logits."""
+    from python_backend.engines.torch_modules import ClassifierHead, EmbeddingHead
+
+    scorer = load_model(tiny_decoder_dir).module
+    caches: list[object] = []
+    hook = scorer.body.register_forward_hook(
+        lambda module, args, out: caches.append(out.past_key_values)
+    )
+    ids, mask = pad_rows([np.arange(5, 12), np.arange(5, 9)], 8, 0)
+    with torch.no_grad():
+        scorer(torch.tensor(ids), torch.tensor(mask))
+    hook.remove()
+    assert caches == [None]
+    # the other wrappers set their model the same way (a decoder can embed or classify)
+    from transformers import AutoModelForCausalLM
+
+    for wrap in (lambda m: EmbeddingHead(m.base_model, "lasttoken", True), ClassifierHead):
+        model = AutoModelForCausalLM.from_pretrained(tiny_decoder_dir)
+        assert model.config.use_cache
+        wrap(model)
+        assert not model.config.use_cache
