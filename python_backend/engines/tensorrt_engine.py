@@ -176,7 +176,10 @@ class TensorRTEngine:
         if context is None:
             return None
         context.set_device_memory(self.activations.data_ptr(), self.activation_bytes)
-        if not context.set_optimization_profile_async(index, self.stream.cuda_stream):
+        try:  # the Python binding raises where the C++ API returns false
+            if not context.set_optimization_profile_async(index, self.stream.cuda_stream):
+                return None
+        except RuntimeError:
             return None
         for name, buffer in self.cuda.inputs.items():
             context.set_tensor_address(name, buffer.data_ptr())

@@ -182,3 +182,45 @@ def test_every_captured_size_gets_a_context_of_its_own_and_each_profile_an_eager
     assert len(captured) == len(set(captured))
     assert {s.profile for s in slots if s.batch is None} == {0, 1, 2}
     assert context_slots([()], long_rows=False) == [ContextSlot(0, None)]
+
+
+def test_a_profile_that_refuses_another_context_falls_back_whichever_way_the_binding_says_so(
+    monkeypatch,
+):
+    """TensorRT's C++ API returns false where a profile takes no further context; its Python
+    binding raises RuntimeError instead. Either way the context is not opened (the caller then
+    shares the profile's eager context), and the load goes on."""
+    from types import SimpleNamespace
+
+    from python_backend.engines import tensorrt_engine
+    from python_backend.engines.tensorrt_engine import TensorRTEngine
+
+    strategy = SimpleNamespace(USER_MANAGED=0)  # what TensorRT names it; the stubs here lack it
+    monkeypatch.setattr(
+        tensorrt_engine.trt, "ExecutionContextAllocationStrategy", strategy, raising=False
+    )
+
+    class Context:
+        def __init__(self, refusal):
+            self.refusal = refusal
+
+        def set_device_memory(self, pointer, size):
+            pass
+
+        def set_optimization_profile_async(self, index, stream):
+            if isinstance(self.refusal, Exception):
+                raise self.refusal
+            return self.refusal
+
+        def set_tensor_address(self, name, pointer):
+            pass
+
+    buffer = SimpleNamespace(data_ptr=lambda: 0)
+    for refusal, opened in ((True, True), (False, False), (RuntimeError("in use"), False)):
+        engine = TensorRTEngine.__new__(TensorRTEngine)
+        engine.engine = SimpleNamespace(create_execution_context=lambda _s, r=refusal: Context(r))
+        engine.activations, engine.activation_bytes = buffer, 0
+        engine.stream = SimpleNamespace(cuda_stream=0)
+        engine.cuda = SimpleNamespace(inputs={"INPUT_IDS": buffer}, out=buffer)
+        engine.output_name = "EMBEDDING"
+        assert (engine._open_context(1, batch=4) is not None) is opened
