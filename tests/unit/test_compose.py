@@ -177,6 +177,8 @@ def test_builder_and_server_run_one_image_on_the_release(compose):
 def test_the_server_takes_every_gpu_and_reports_the_model_ready(compose):
     triton = compose["services"]["triton"]
     assert gpu_devices(triton)[0]["count"] == "all"
+    # the builder sees them all too: --fronts auto divides the node's cores by their count
+    assert gpu_devices(compose["services"]["builder"]) == gpu_devices(triton)
     assert "/v2/models/minilm/ready" in " ".join(triton["healthcheck"]["test"])
 
 

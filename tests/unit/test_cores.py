@@ -15,6 +15,14 @@ def test_fronts_take_most_of_the_cores_per_gpu_at_least_one(cores, fronts):
     assert fronts_for(cores) == fronts
 
 
+def test_a_node_of_8_gpus_and_64_cores_gets_its_fronts_per_gpu(monkeypatch):
+    import builder.cores as cores
+
+    monkeypatch.setattr(cores, "visible_gpus", lambda: 8)
+    assert cores.default_fronts(True, 64, None, 1) == 6  # 8 cores a GPU
+    assert cores.default_fronts(True, 64, (0, 1), 1) == 16  # two of them: 32 cores each, capped
+
+
 def test_the_default_splits_only_on_a_gpu_and_never_beside_several_instances():
     assert default_fronts(False, 16, None, 1) == 0  # the CPU engine takes the cores
     assert default_fronts(True, 16, (0,), 1) == 13

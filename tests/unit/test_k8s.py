@@ -264,8 +264,14 @@ def test_the_builder_counts_the_cores_triton_will_have_for_its_fronts():
     assert "--cores=$(TRITON_CPUS)" in build["args"]
     source = next(e for e in build["env"] if e["name"] == "TRITON_CPUS")["valueFrom"]
     field = source["resourceFieldRef"]
-    assert (field["containerName"], field["resource"]) == ("triton", "limits.cpu")
-    assert "triton" in containers(pod_spec())
+    # the request: with no limit set, limits.cpu reads as the node's allocatable CPU
+    assert (field["containerName"], field["resource"]) == ("triton", "requests.cpu")
+    triton = containers(pod_spec())["triton"]
+    requested = int(triton["resources"]["requests"]["cpu"])
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
+    from builder.cores import default_fronts
+
+    assert default_fronts(True, requested, None, 1) == 3  # 4 CPUs for the pod's one GPU
 
 
 def test_no_two_listeners_of_the_pod_share_a_loopback_port():
