@@ -206,13 +206,25 @@ def test_gpus_images_and_users():
     (user,) = re.findall(r"^USER (\d+)$", dockerfile, re.M)
     assert spec["securityContext"]["runAsUser"] == int(user)
     assert spec["securityContext"]["runAsNonRoot"] is True
-    pvc = one("PersistentVolumeClaim")["metadata"]["name"]
-    claims = [
-        v["persistentVolumeClaim"]["claimName"]
-        for v in spec["volumes"]
-        if "persistentVolumeClaim" in v
-    ]
-    assert claims == [pvc]
+    # no claim by default: a cluster with only ReadWriteOnce classes schedules the pod
+    assert not [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+
+
+def test_the_shared_timing_cache_is_an_overlay_that_puts_the_volume_on_its_claim():
+    overlay = K8S / "shared-timing-cache"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../", "timing-cache.yaml"]
+    (claim,) = yaml.safe_load_all((overlay / "timing-cache.yaml").read_text())
+    kubernetes_validate.validate(claim, KUBERNETES_VERSION, strict=True)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    (patch,) = [yaml.safe_load((overlay / p["path"]).read_text()) for p in kustomization["patches"]]
+    assert patch["metadata"]["name"] == one("Deployment")["metadata"]["name"]
+    (volume,) = patch["spec"]["template"]["spec"]["volumes"]
+    base = {v["name"]: v for v in pod_spec()["volumes"]}
+    assert "emptyDir" in base[volume["name"]] and volume["emptyDir"] is None  # replaced
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    mounted = containers(pod_spec(), init=True)["build-engines"]["volumeMounts"]
+    assert volume["name"] in {m["name"] for m in mounted}
 
 
 def test_the_autoscaler_alone_sets_the_replica_count():
