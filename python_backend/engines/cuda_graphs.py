@@ -81,6 +81,10 @@ class CudaForwards:
         self.device = torch.device("cuda", device_id)
         torch.cuda.set_device(self.device)  # engines allocate on the current device
         self.stream = torch.cuda.Stream(device=self.device)
+        # a forward is waited for on this event: with blocking sync the waiting thread sleeps
+        # until the GPU is done; a stream's synchronize spins a core meanwhile (CUDA's default
+        # schedule, while contexts <= cores), the core a pinned owner shares with its I/O
+        self.done = torch.cuda.Event(blocking=True)
         self.pool = torch.cuda.graph_pool_handle()
         self.input_names = tuple(input_names)
         self.inputs = {
@@ -179,7 +183,8 @@ class CudaForwards:
                 self.fill_pad_rows(rows, batch - rows, length)
             launch()
             self.host_out[:rows].copy_(self.out[:rows], non_blocking=True)  # one D2H copy
-        self.stream.synchronize()
+            self.done.record(self.stream)
+        self.done.synchronize()
         return self.host_out[:rows].numpy().copy()
 
     def io_bytes(self) -> int:

@@ -224,3 +224,55 @@ def test_a_profile_that_refuses_another_context_falls_back_whichever_way_the_bin
         engine.cuda = SimpleNamespace(inputs={"INPUT_IDS": buffer}, out=buffer)
         engine.output_name = "EMBEDDING"
         assert (engine._open_context(1, batch=4) is not None) is opened
+
+
+def test_a_forward_is_waited_for_on_a_blocking_event_never_by_spinning_on_the_stream(
+    monkeypatch,
+):
+    """Both GPU engines run forwards through CudaForwards.run: its wait is the event made with
+    blocking sync (the thread sleeps until the GPU is done), recorded after the forward and its
+    copy back, never the stream's synchronize (which spins a core). CUDA's calls are stand-ins
+    here: no GPU on this machine."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from python_backend.engines.cuda_graphs import CudaForwards
+
+    calls: list[str] = []
+
+    class Event:
+        def __init__(self, blocking=False):
+            assert blocking, "a spinning event"
+
+        def record(self, stream):
+            calls.append("record")
+
+        def synchronize(self):
+            calls.append("event wait")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    forwards = CudaForwards.__new__(CudaForwards)
+    forwards.done = torch.cuda.Event(blocking=True)
+    forwards.stream = SimpleNamespace(synchronize=lambda: calls.append("stream spin"))
+    forwards.on_device = lambda: None  # type: ignore[method-assign]
+    from python_backend.contract import ENGINE_INPUTS
+
+    forwards.input_names = ENGINE_INPUTS
+    forwards.inputs = {n: torch.zeros(64, dtype=torch.int64) for n in forwards.input_names}
+    forwards.host_inputs = {n: torch.zeros(64, dtype=torch.int64) for n in forwards.input_names}
+    forwards.out = torch.zeros(4, 2)
+    forwards.host_out = torch.zeros(4, 2)
+
+    def launch():
+        calls.append("launch")
+        staged = forwards.inputs[ENGINE_INPUTS[0]][:8].view(2, 4)
+        forwards.out[:2] = staged.sum(dim=1, keepdim=True).float()
+
+    ids = np.arange(8, dtype=np.int64).reshape(2, 4)
+    got = forwards.run(ids, np.ones_like(ids), 2, launch)
+    assert calls == ["launch", "record", "event wait"]
+    assert got[:, 0].tolist() == [6.0, 22.0]
