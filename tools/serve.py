@@ -48,7 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from python_backend.contract import CLIENT_PARAMETER, OWNER_SUFFIX
-from python_backend.values import BadValue, int_at_least, number_at_least
+from python_backend.values import BadValue, int_at_least, number_at_least, parse_bool
 from tools.front_door import (
     FrontDoor,
     FrontDoorError,
@@ -292,6 +292,9 @@ class ServeSettings:
     helper_probe_interval_s: float = field(
         default=5.0, metadata=from_env("HELPER_PROBE_INTERVAL_S", number_at_least(0.05))
     )
+    # Triton's log (its stubs' included) also on the launcher's output, each line after
+    # "[triton] ": a container's log, where nobody reads the file (compose and Kubernetes)
+    log_to_stdout: bool = field(default=False, metadata=from_env("LOG_TO_STDOUT", parse_bool))
     # the launcher's own metrics (serve_restarts_total), on Triton's address
     serve_metrics_port: int = field(
         default=18008, metadata=from_env("SERVE_METRICS_PORT", int_at_least(1))
@@ -327,6 +330,7 @@ class Launcher:
             s.triton_grpc_port,
             s.triton_metrics_port,
             log_path=s.state_dir / "triton.log",
+            echo_prefix="[triton] " if s.log_to_stdout else None,
             # explicit model control, every model loaded: a dead queue owner is reloaded alone
             extra_args=[
                 *restricted_api_args(self.admin_key),

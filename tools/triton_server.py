@@ -24,10 +24,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND_DIR = ROOT / "build" / "triton-backends"
@@ -131,6 +132,27 @@ def server_env(code_root: Path = ROOT) -> dict[str, str]:
     return env
 
 
+def echo(source: IO[bytes], log: BinaryIO, prefix: str) -> threading.Thread:
+    """Copies a child's output, line by line, to its log file and, after ``prefix``, to this
+    process's output, on a thread, until the child closes it. It never stops reading (a full
+    pipe would stall the child): a write that fails is dropped."""
+    mark = prefix.encode()
+
+    def copy() -> None:
+        out = sys.stdout.buffer
+        for line in iter(source.readline, b""):
+            with contextlib.suppress(OSError, ValueError):  # the file closed at stop()
+                log.write(line)
+                log.flush()
+            with contextlib.suppress(OSError, ValueError):
+                out.write(mark + line)
+                out.flush()
+
+    thread = threading.Thread(target=copy, name="log-echo", daemon=True)
+    thread.start()
+    return thread
+
+
 class TritonServer:
     """A tritonserver process on one repository and three ports; a context manager."""
 
@@ -145,8 +167,12 @@ class TritonServer:
         exit_timeout_s: int = 30,
         address: str | None = None,
         code_root: Path = ROOT,
+        echo_prefix: str | None = None,
     ) -> None:
         self.repository = Path(repository).resolve()
+        # with log_path: each line also on this process's output, after this prefix (a
+        # container's log, where nobody reads files inside the container)
+        self.echo_prefix = echo_prefix
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         # None: Triton's default (every interface); the launcher passes loopback
         self.address = address
@@ -220,10 +246,10 @@ class TritonServer:
         ]
 
     def start(self) -> TritonServer:
-        stdout = None
+        stdout: BinaryIO | int | None = None
         if self.log_path is not None:
             self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-            stdout = self._log_file
+            stdout = self._log_file if self.echo_prefix is None else subprocess.PIPE
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.code_root),
@@ -236,6 +262,9 @@ class TritonServer:
             start_new_session=True,  # its own process group: the stubs go with it
             preexec_fn=set_parent_death_signal,
         )
+        if stdout is subprocess.PIPE:
+            assert self.process.stdout is not None and self._log_file is not None
+            echo(self.process.stdout, self._log_file, self.echo_prefix or "")
         return self
 
     def ready(self) -> bool:

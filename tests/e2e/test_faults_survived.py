@@ -47,6 +47,7 @@ def stack(repository, tmp_path_factory):
         ("minilm",),
         HELPER_PROBE_INTERVAL_S=PROBE_INTERVAL_S,
         RESTART_LIMIT="1",
+        LOG_TO_STDOUT="true",
     )
     yield own
     own.stop()
@@ -116,6 +117,9 @@ def test_a_killed_model_stub_fails_in_flight_requests_and_the_model_comes_back(
         assert outcome == "answered" or "unavailable" in str(outcome).lower(), outcome
         assert seconds < 20, seconds
     assert "restarting Triton" in stack.output() and stack.triton_pid() != triton
+    # LOG_TO_STDOUT: Triton's own log lines, the dead stub's included, on the launcher's output
+    echoed = [line for line in stack.output().splitlines() if line.startswith("[triton] ")]
+    assert any("minilm" in line for line in echoed), echoed[-5:]
 
 
 def wait_until_answered(stack, text: str, expected, timeout_s: float = 60.0) -> float:

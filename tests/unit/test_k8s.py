@@ -263,12 +263,16 @@ def test_the_values_the_pod_restates_are_the_declared_defaults():
     from tools.serve import ServeSettings
 
     spec = pod_spec()
+    # what the pod sets otherwise on purpose: the launcher's log where kubectl reads it
+    overrides = {"LOG_TO_STDOUT": "true"}
     for container, declaration in (("front-door", FrontDoorSettings), ("triton", ServeSettings)):
         env = {e["name"]: e.get("value") for e in containers(spec)[container]["env"]}
         declared = env_defaults(declaration)
-        shared = set(env) & set(declared) - {"API_KEY"}  # from a Secret
+        shared = set(env) & set(declared) - {"API_KEY"} - set(overrides)  # a Secret's
         assert shared, container
         assert {n: env[n] for n in shared} == {n: declared[n] for n in shared}, container
+    triton = {e["name"]: e.get("value") for e in containers(spec)["triton"]["env"]}
+    assert {n: triton[n] for n in overrides} == overrides
 
 
 def test_the_builder_counts_the_cores_triton_will_have_for_its_fronts():

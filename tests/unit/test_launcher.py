@@ -91,3 +91,26 @@ def test_the_compose_liveness_probe_stops_the_container_at_the_third_miss_in_a_r
     finally:
         init.kill()
         init.wait()
+
+
+def test_a_childs_log_is_echoed_to_the_launchers_output_and_kept_in_its_file(tmp_path, capfd):
+    """LOG_TO_STDOUT: Triton's output goes to its log file, as always, and each line also to
+    the launcher's output after a prefix (a container's log); a child that writes much is never
+    held up by the copy."""
+    import subprocess
+    import sys
+
+    from tools.triton_server import echo
+
+    lines = [f"line {i}" for i in range(5000)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"print('\\n'.join({lines!r}))"], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    with (tmp_path / "triton.log").open("wb") as log:
+        thread = echo(child.stdout, log, "[triton] ")
+        assert child.wait(timeout=30) == 0
+        thread.join(10)
+    assert (tmp_path / "triton.log").read_text().splitlines() == lines
+    echoed = capfd.readouterr().out.splitlines()
+    assert echoed == [f"[triton] {line}" for line in lines]
