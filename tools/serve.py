@@ -284,6 +284,11 @@ class ServeSettings:
         default=10.0, metadata=from_env("PROBE_TIMEOUT_S", number_at_least(0.05))
     )
     exit_timeout_s: int = field(default=30, metadata=from_env("EXIT_TIMEOUT_S", int_at_least(1)))
+    # a Triton start that is not ready by then is a failed start (stopped, and counted against
+    # RESTART_LIMIT): one that hangs would otherwise hold the launcher for good
+    start_timeout_s: float = field(
+        default=900.0, metadata=from_env("START_TIMEOUT_S", number_at_least(1))
+    )
     # starts of one part in a row that never became ready, past which the launcher exits 1; a
     # part that was ready is always brought back (PartRestarts)
     restart_limit: int = field(default=5, metadata=from_env("RESTART_LIMIT", int_at_least(1)))
@@ -343,11 +348,19 @@ class Launcher:
         )
 
     def start_triton(self) -> bool:
-        """Starts Triton and waits until it is ready; False if asked to stop meanwhile."""
+        """Starts Triton and waits until it is ready; False if asked to stop meanwhile. A
+        RuntimeError when it exits first or is not ready within ``start_timeout_s``."""
         self.triton = self.new_triton().start()
+        deadline = time.monotonic() + self.settings.start_timeout_s
         while not self.stopping:
             if not self.triton_running():
                 raise RuntimeError(self.triton_exit_message("while starting"))
+            if time.monotonic() > deadline:
+                self.triton.stop(grace_s=5.0)
+                raise RuntimeError(
+                    f"tritonserver was not ready {self.settings.start_timeout_s:g} s after it "
+                    "started (START_TIMEOUT_S); stopped"
+                )
             if self.triton.ready():
                 assert self.triton.process is not None
                 self.expected_stubs = self.stubs_now()

@@ -114,3 +114,32 @@ def test_a_childs_log_is_echoed_to_the_launchers_output_and_kept_in_its_file(tmp
     assert (tmp_path / "triton.log").read_text().splitlines() == lines
     echoed = capfd.readouterr().out.splitlines()
     assert echoed == [f"[triton] {line}" for line in lines]
+
+
+def test_a_triton_that_never_becomes_ready_is_a_failed_start_at_its_deadline(tmp_path):
+    """A Triton that hangs while starting (alive, never ready) would hold the launcher for
+    good: past START_TIMEOUT_S it is stopped, and the start counts as failed (RuntimeError,
+    which bring_back counts against RESTART_LIMIT)."""
+    from tools.serve import Launcher, ServeSettings
+
+    stopped = []
+
+    class Hanging:
+        process = type("Alive", (), {"poll": lambda self: None, "pid": 0})()
+
+        def start(self):
+            return self
+
+        def ready(self):
+            return False
+
+        def stop(self, grace_s=None):
+            stopped.append(grace_s)
+
+    settings = ServeSettings(tmp_path, ["m"], state_dir=tmp_path, start_timeout_s=0.3)
+    launcher = Launcher(settings)
+    launcher.new_triton = Hanging  # type: ignore[method-assign,assignment]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"not ready 0\.3 s after it started"):
+        launcher.start_triton()
+    assert 0.3 <= time.monotonic() - started < 5 and len(stopped) == 1
