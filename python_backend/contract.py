@@ -36,6 +36,15 @@ def split_token_types(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed & _ID_BITS, packed >> TOKEN_TYPE_SHIFT
 
 
+def ids_in_vocabulary(packed: np.ndarray, vocab_size: int) -> bool:
+    """Whether every id of packed int64 rows lies in [0, vocab_size): one pass where the rows
+    carry no token types (read unsigned, a negative id lies past any vocabulary), the ids' own
+    bits where they do."""
+    if not packed.size or int(packed.view(np.uint64).max()) < vocab_size:
+        return True
+    return bool((packed >= 0).all()) and int((packed & _ID_BITS).max()) < vocab_size
+
+
 # the graph's one output, [B, D] float32, is named after what the model serves (FAMILY_OUTPUTS)
 
 # -- the Triton model's interface -------------------------------------------------------------

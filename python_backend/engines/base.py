@@ -7,7 +7,12 @@ from typing import Protocol
 
 import numpy as np
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT, split_token_types
+from python_backend.contract import (
+    ENGINE_INPUTS,
+    TOKEN_TYPE_INPUT,
+    ids_in_vocabulary,
+    split_token_types,
+)
 from python_backend.cost_models import next_captured_size
 from python_backend.manifest import Bucket, LongRows, Manifest
 
@@ -118,7 +123,7 @@ def run_padded(
     """One forward of rows already padded (``pad_rows``), checked to answer every row. With
     ``vocab_size``, ids outside [0, vocab_size) are refused before the engine sees them (an
     embedding lookup past its table is an error on the CPU, and may be worse on a GPU)."""
-    if vocab_size is not None and ids.size and int(ids.view(np.uint64).max()) >= vocab_size:
+    if vocab_size is not None and not ids_in_vocabulary(ids, vocab_size):
         raise ValueError(f"a token id lies outside the vocabulary [0, {vocab_size})")
     out = engine.run(ids, mask)
     if out.shape[0] != ids.shape[0]:

@@ -573,3 +573,16 @@ def test_an_answer_says_how_long_it_queued_and_how_long_it_computed():
     (q0, i0), (q1, i1) = sorted(recorder.answered_times, key=lambda t: -t[0])
     assert (q0, i0) == (2.0, 1.0)
     assert q1 in (1.0, 1.5) and i1 == 0.5
+
+
+def test_ids_are_checked_against_the_vocabulary_by_their_own_bits():
+    """Pair rows carry each token's type above the id's bits: those rows are checked by the ids
+    themselves, and a negative id is outside any vocabulary."""
+    from python_backend.contract import ids_in_vocabulary, pack_token_types
+
+    ids = np.array([[101, 7, 102, 9, 102]], np.int64)
+    types = np.array([[0, 0, 0, 1, 1]], np.int64)
+    assert ids_in_vocabulary(ids, 103) and ids_in_vocabulary(pack_token_types(ids, types), 103)
+    assert not ids_in_vocabulary(pack_token_types(ids, types), 102)
+    assert not ids_in_vocabulary(np.array([[5, -1]], np.int64), 103)
+    assert not ids_in_vocabulary(pack_token_types(np.array([[5, -1]]), np.array([[1, 1]])), 103)
