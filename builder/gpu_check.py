@@ -21,9 +21,9 @@ It prints the TensorRT latency per bucket and batch size (graph replay, and eage
 size: the data the planner's cost fit uses), the engine's contexts and device memory and the GPU
 memory in use, and exits non-zero on any mismatch.
 
-The comparison itself (``check_engine``) runs on any two engines; the unit tests drive it on the
-CPU with ONNX Runtime on both sides and with a perturbed engine that must fail, on the specs
-this script builds.
+The comparison itself (``builder.engine_compare.check_engine``) runs on any two engines; the
+unit tests drive it on the CPU with ONNX Runtime on both sides and with a perturbed engine that
+must fail, on the specs this script builds.
 """
 
 from __future__ import annotations
@@ -31,116 +31,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from builder.calibrate import median_seconds
+from builder.engine_compare import MIN_COSINE, check_engine, random_rows
 from builder.spec import BuildError, BuildSpec
-from python_backend.contract import pack_token_types
 from python_backend.engines import open_engine
-from python_backend.engines.base import Engine, pad_rows
+from python_backend.engines.base import pad_rows
 from python_backend.manifest import Manifest, load_manifest
 
-# FP16 TensorRT against FP32 ONNX Runtime, per row; the decoder's vocabulary logits of a random
-# model are the least robust to FP16 rounding
-MIN_COSINE = {"embedding": 0.999, "classifier": 0.999, "decoder": 0.995, "reranker": 0.999}
-# a reranker's output is one number, whose cosine is only its sign: compare the difference
-MAX_SCORE_DIFF = 0.02
 TINY_POSITIONS = 128  # builder.tiny_models' max_position_embeddings
-ROWS_PER_CHECK = 64  # rows compared at a size larger than this: the first 64 (all are run)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    phase: str  # captured | eager | captured-again | long-rows
-    length: int  # padded length the rows ran at
-    batch: int  # rows in the forward
-    min_cosine: float
-    max_abs_diff: float
-    ok: bool
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row of ``a`` with the same row of ``b``."""
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return np.sum(a * b, axis=1) / np.maximum(norms, 1e-30)
-
-
-def random_rows(
-    rng: np.random.Generator,
-    count: int,
-    shortest: int,
-    longest: int,
-    vocab: int,
-    pairs: bool = False,
-) -> list[np.ndarray]:
-    """Random token rows; for pair models the second half of each row is the pair (type 1)."""
-    lengths = rng.integers(shortest, longest + 1, size=count)
-    rows = [rng.integers(1000, min(vocab, 29000), n).astype(np.int64) for n in lengths]
-    if pairs:
-        rows = [pack_token_types(r, np.arange(len(r)) >= len(r) // 2) for r in rows]
-    return rows
-
-
-def uncaptured_sizes(captured: tuple[int, ...], max_rows: int) -> list[int]:
-    """The smallest and the largest batch size of the bucket that have no graph (none, one or
-    two sizes): ``run_eagerly`` runs them at exactly that size."""
-    sizes = [size for size in range(1, max_rows + 1) if size not in captured]
-    return sorted({sizes[0], sizes[-1]}) if sizes else []
-
-
-def check_engine(
-    candidate: Engine,
-    reference: Engine,
-    manifest: Manifest,
-    min_cosine: float,
-    rng: np.random.Generator,
-    run_eagerly: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
-) -> list[Comparison]:
-    """Compares ``candidate`` with ``reference`` over every size the server runs (above)."""
-    results: list[Comparison] = []
-    eager = run_eagerly or candidate.run
-    pairs = manifest.takes_pairs
-
-    def compare(phase: str, rows: list[np.ndarray], length: int, fn: Any) -> None:
-        ids, mask = pad_rows(rows, length, manifest.pad_token_id)
-        got = fn(ids, mask)[:ROWS_PER_CHECK]
-        want = reference.run(ids[:ROWS_PER_CHECK], mask[:ROWS_PER_CHECK])
-        cosine = float(cosine_rows(got, want).min())
-        diff = float(np.abs(got - want).max())
-        close = diff <= MAX_SCORE_DIFF if got.shape[1] == 1 else cosine >= min_cosine
-        ok = bool(np.isfinite(got).all()) and close
-        results.append(Comparison(phase, length, len(rows), cosine, diff, ok))
-
-    def captured_pass(phase: str) -> None:
-        previous = 0
-        for bucket in manifest.buckets:
-            for batch in bucket.captured_batch_sizes or (bucket.max_rows,):
-                rows = random_rows(
-                    rng, batch, previous + 1, bucket.length, manifest.vocab_size, pairs
-                )
-                compare(phase, rows, bucket.length, candidate.run)
-            previous = bucket.length
-
-    captured_pass("captured")
-    previous = 0
-    for bucket in manifest.buckets:
-        for size in uncaptured_sizes(bucket.captured_batch_sizes, bucket.max_rows):
-            rows = random_rows(rng, size, previous + 1, bucket.length, manifest.vocab_size, pairs)
-            compare("eager", rows, bucket.length, eager)
-        previous = bucket.length
-    captured_pass("captured-again")
-    if manifest.long_rows is not None:
-        last = manifest.last_bucket
-        for length in sorted({last + 1, (last + manifest.max_length) // 2, manifest.max_length}):
-            batch = min(manifest.long_rows.max_rows, 8)
-            rows = random_rows(rng, batch, length, length, manifest.vocab_size, pairs)
-            compare("long-rows", rows, length, candidate.run)
-    return results
 
 
 def latency_table(engine: Any, manifest: Manifest, rng: np.random.Generator) -> list[str]:

@@ -39,7 +39,7 @@ import torch
 from builder.buckets import bucket_rows, choose_buckets, power_of_two_buckets
 from builder.calibrate import fit_times, median_seconds
 from builder.cost_table_file import CostTableFile
-from builder.gpu_check import MIN_COSINE, Comparison, check_engine, random_rows
+from builder.engine_compare import MIN_COSINE, Comparison, check_engine, random_rows
 from builder.tiny_models import TINY
 from python_backend.cost_models import LinearCost
 from python_backend.engines.base import pad_rows

@@ -21,14 +21,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from python_backend.contract import ENGINE_INPUTS
 
-if TYPE_CHECKING:  # the manifest derives its profiles here: types only, no import cycle
-    from python_backend.manifest import Bucket, LongRows
-
 Shape = tuple[int, int]  # [B, T]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One engine profile: rows padded to ``length`` tokens, 1..max_rows rows per forward."""
+
+    length: int  # padded sequence length of every row in the profile
+    max_rows: int  # most rows in one forward: rows x length within the token budget
+    opt_rows: int  # the batch TensorRT tunes kernels for
+    captured_batch_sizes: tuple[int, ...] = ()  # CUDA-graph sizes (ascending, last = max_rows)
+
+
+@dataclass(frozen=True)
+class LongRows:
+    """Rows between the last bucket and ``max_length``: run at their exact length, never merged."""
+
+    max_rows: int  # most rows of one length in one forward
+    opt_length: int  # the length TensorRT tunes this dynamic profile for
+    opt_rows: int = 1  # the batch TensorRT tunes it for (builder.opt_shapes)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from python_backend.cost_models import (
     cost_model_from_dict,
     cost_model_to_dict,
 )
-from python_backend.engine_profiles import EngineProfiles, engine_profiles
+from python_backend.engine_profiles import Bucket, EngineProfiles, LongRows, engine_profiles
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 3
@@ -50,25 +50,6 @@ PRECISIONS = ("fp32", "fp16")
 
 class ManifestError(ValueError):
     """A manifest that is missing, unreadable or has a wrong field (the message names it)."""
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """One engine profile: rows padded to ``length`` tokens, 1..max_rows rows per forward."""
-
-    length: int  # padded sequence length of every row in the profile
-    max_rows: int  # most rows in one forward: rows x length within the token budget
-    opt_rows: int  # the batch TensorRT tunes kernels for
-    captured_batch_sizes: tuple[int, ...] = ()  # CUDA-graph sizes (ascending, last = max_rows)
-
-
-@dataclass(frozen=True)
-class LongRows:
-    """Rows between the last bucket and ``max_length``: run at their exact length, never merged."""
-
-    max_rows: int  # most rows of one length in one forward
-    opt_length: int  # the length TensorRT tunes this dynamic profile for
-    opt_rows: int = 1  # the batch TensorRT tunes it for (builder.opt_shapes)
 
 
 @dataclass(frozen=True)

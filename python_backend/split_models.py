@@ -46,7 +46,6 @@ from python_backend.settings import settings_from_parameters
 from python_backend.triton_model import (
     Admission,
     EngineHost,
-    _send_final,
     admit_each,
     answer_response,
     parse_args,
@@ -54,6 +53,7 @@ from python_backend.triton_model import (
     planner_scheduler,
     refusal,
     request_decoder,
+    send_final,
     socket_dir,
 )
 
@@ -117,7 +117,7 @@ class FrontModel:
             and not isinstance(outcome, StalledDrop)  # the owner counted that one
         ):
             self.metrics.refused(outcome.reason)  # the owner never saw it, or is gone
-        _send_final(sender, answer_response(self.output_name, outcome, asked))
+        send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - asked.started)
 

@@ -56,11 +56,14 @@ match_extension_modules()
 
 
 def _error_response(message: str, code_name: str) -> Any:
-    code = getattr(pb_utils.TritonError, code_name, pb_utils.TritonError.INTERNAL)
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+    """An error response with the TritonError code ``code_name`` names (contract's closed set,
+    each seen on Triton 2.51's stub: an unknown name is a bug, raised, never sent as INTERNAL)."""
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code_name))
+    )
 
 
-def _send_final(sender: Any, response: Any) -> None:
+def send_final(sender: Any, response: Any) -> None:
     """The one response of a request (the model is not decoupled: it closes the request)."""
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -68,7 +71,7 @@ def _send_final(sender: Any, response: Any) -> None:
 def refuse(metrics: TritonMetrics, sender: Any, error: ServeError) -> None:
     """Answers a request refused before it reached a queue, counted by its reason."""
     metrics.refused(error.reason)
-    _send_final(sender, refusal(error))
+    send_final(sender, refusal(error))
 
 
 def admit_each(
@@ -387,7 +390,7 @@ class TritonPythonModel(EngineHost):
         )
 
     def _respond(self, sender: Any, asked: Admission, outcome: Outcome) -> None:
-        _send_final(sender, answer_response(self.output_name, outcome, asked))
+        send_final(sender, answer_response(self.output_name, outcome, asked))
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - asked.started)
 

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 
 from builder.build import build
-from builder.gpu_check import (
-    CHECKS,
-    check_engine,
-    check_model_dir,
-    check_spec,
-    pooling_variant,
-    uncaptured_sizes,
-)
+from builder.engine_compare import check_engine, uncaptured_sizes
+from builder.gpu_check import CHECKS, check_model_dir, check_spec, pooling_variant
 from builder.spec import BuildError, BuildSpec
 from python_backend.engines import open_engine
 from python_backend.manifest import load_manifest

@@ -63,17 +63,26 @@ def module_imports(path: Path) -> set[str]:
     return found
 
 
-def bench_graph() -> dict[str, set[str]]:
+PACKAGES = ("python_backend", "builder", "body_check", "openai_api", "tools", "bench", "testkit")
+
+
+def import_graph(packages: tuple[str, ...] = ("bench",)) -> dict[str, set[str]]:
     modules = {
         ".".join(p.relative_to(ROOT).with_suffix("").parts): p
-        for p in (ROOT / "bench").rglob("*.py")
+        for package in packages
+        for p in (ROOT / package).rglob("*.py")
         if p.name != "__init__.py"
     }
     return {name: module_imports(path) & set(modules) for name, path in modules.items()}
 
 
-def test_bench_imports_form_no_cycle():
-    graph = bench_graph()
+def bench_graph() -> dict[str, set[str]]:
+    return import_graph(("bench",))
+
+
+def test_the_code_imports_form_no_cycle():
+    """Across every package, type-only and function-level imports included."""
+    graph = import_graph(PACKAGES)
     text = "".join(path.read_text() for path in (ROOT / "bench").rglob("*.py"))
     assert "importlib" not in text, "imports are read from the code: no importlib"
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -127,3 +136,21 @@ def test_the_harness_imports_no_command_line_module():
                 frontier.append(target)
         assert not reached & command_lines, (module, sorted(reached & command_lines))
         assert module not in command_lines
+
+
+def test_no_private_name_is_imported_across_modules():
+    import ast
+
+    offenders = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+                    PACKAGES
+                ):
+                    offenders += [
+                        f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_")
+                    ]
+    assert not offenders
