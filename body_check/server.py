@@ -8,6 +8,9 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import signal
+import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc.aio
 from aiohttp import web
@@ -15,13 +18,28 @@ from aiohttp import web
 from body_check.proxy import CheckSettings, GrpcCheck, HttpCheck
 from tools.triton_server import set_parent_death_signal
 
+# several workers: each one's event loop stamps its beat this often (a shared clock value); one
+# whose beat is WEDGED_AFTER_S old is wedged, and the command ends as if it had died, so whatever
+# runs it starts it again (the launcher's /health probe reaches one worker only, at random)
+BEAT_S = 1.0
+WEDGED_AFTER_S = 10.0
+START_GRACE_S = 60.0  # a worker's first beat comes once its servers listen
+
 
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host or "127.0.0.1", int(port)
 
 
-async def serve(settings: CheckSettings, http_listen: str, grpc_listen: str) -> None:
+async def beat(stamp: Any) -> None:
+    while True:
+        stamp.value = time.monotonic()
+        await asyncio.sleep(BEAT_S)
+
+
+async def serve(
+    settings: CheckSettings, http_listen: str, grpc_listen: str, stamp: Any = None
+) -> None:
     runner = web.AppRunner(HttpCheck(settings).app(), handle_signals=False, access_log=None)
     await runner.setup()
     host, port = split_address(http_listen)
@@ -38,29 +56,45 @@ async def serve(settings: CheckSettings, http_listen: str, grpc_listen: str) -> 
     server.add_insecure_port(grpc_listen)
     await server.start()
     logging.getLogger("body_check").info("checking on HTTP %s, gRPC %s", http_listen, grpc_listen)
+    beating = asyncio.ensure_future(beat(stamp)) if stamp is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    if beating is not None:
+        beating.cancel()
     await server.stop(grace=5)
     with contextlib.suppress(Exception):
         await runner.cleanup()
 
 
-def serve_one(settings: CheckSettings, http_listen: str, grpc_listen: str) -> None:
+def serve_one(
+    settings: CheckSettings, http_listen: str, grpc_listen: str, stamp: Any = None
+) -> None:
     set_parent_death_signal()  # a worker never outlives the command that started it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(settings, http_listen, grpc_listen))
+    asyncio.run(serve(settings, http_listen, grpc_listen, stamp))
 
 
-def serve_many(settings: CheckSettings, http_listen: str, grpc_listen: str, workers: int) -> int:
-    """``workers`` processes on the same ports; 0 once asked to stop, 1 if one died."""
+def serve_many(
+    settings: CheckSettings,
+    http_listen: str,
+    grpc_listen: str,
+    workers: int,
+    target: Callable[..., None] = serve_one,
+    wedged_after_s: float = WEDGED_AFTER_S,
+) -> int:
+    """``workers`` processes on the same ports; 0 once asked to stop, 1 if one died or its
+    event loop stopped beating for ``wedged_after_s``."""
     # spawned, not forked: a forked child would inherit gRPC's threads half-initialised
     context = multiprocessing.get_context("spawn")
+    stamps = [context.Value("d", time.monotonic() + START_GRACE_S) for _ in range(workers)]
     processes = [
-        context.Process(target=serve_one, args=(settings, http_listen, grpc_listen), daemon=True)
-        for _ in range(workers)
+        context.Process(
+            target=target, args=(settings, http_listen, grpc_listen, stamp), daemon=True
+        )
+        for stamp in stamps
     ]
     stopping = False
 
@@ -75,10 +109,19 @@ def serve_many(settings: CheckSettings, http_listen: str, grpc_listen: str, work
     signal.signal(signal.SIGTERM, stop)
     for process in processes:
         process.start()
-    multiprocessing.connection.wait([p.sentinel for p in processes])
-    died = not stopping
+    log = logging.getLogger("body_check")
+    died = False
+    while not stopping and not died:
+        if multiprocessing.connection.wait([p.sentinel for p in processes], timeout=BEAT_S):
+            died = not stopping
+            if died:
+                log.error("a worker exited: stopping the others")
+            break
+        silent = max(time.monotonic() - stamp.value for stamp in stamps)
+        if silent > wedged_after_s:
+            log.error("a worker answered nothing for %.0f s: stopping the others", silent)
+            died = True
     if died:
-        logging.getLogger("body_check").error("a worker exited: stopping the others")
         stop(signal.SIGTERM, None)
     for process in processes:
         process.join(timeout=10)

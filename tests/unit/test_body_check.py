@@ -431,3 +431,38 @@ def test_a_stream_whose_client_stops_reading_stops_being_read():
     assert held <= UNREAD_ANSWERS + 1, f"{held} messages read while the client read one answer"
     assert got == len(messages)
     assert written == sum(1 for m in messages if m == good)
+
+
+def stalled_worker(settings, http_listen, grpc_listen, stamp) -> None:
+    """A body-check worker whose event loop beats once, then answers nothing (a wedged loop)."""
+    import time
+
+    stamp.value = time.monotonic()
+    time.sleep(60)
+
+
+def test_several_workers_end_the_command_when_one_stops_beating():
+    """With CHECK_WORKERS > 1 the launcher's /health probe reaches one worker, at random: the
+    command itself watches each worker's beat, and one silent for too long ends it (exit 1),
+    so the launcher starts the check again, as when a worker dies."""
+    import signal
+    import time
+
+    from body_check.proxy import CheckSettings
+    from body_check.server import serve_many
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    try:
+        code = serve_many(
+            CheckSettings("127.0.0.1:1", "127.0.0.1:1", 1 << 20),
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            workers=2,
+            target=stalled_worker,
+            wedged_after_s=1.0,
+        )
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert code == 1 and time.monotonic() - started < 30
