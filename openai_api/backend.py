@@ -189,7 +189,8 @@ class TritonBackend:
             parameters["prompt_name"] = prompt_name
         items: list[Any] = texts if texts is not None else list(token_rows or [])
         order = list(range(len(items)))
-        if texts is None and len(items) > info.max_rows:
+        regrouped = texts is None and len(items) > info.max_rows
+        if regrouped:
             # each request is padded to its longest row: token-id rows go longest first, so
             # long rows share requests with each other, not with every chunk's short ones
             order.sort(key=lambda i: -len(items[i]))
@@ -208,7 +209,7 @@ class TritonBackend:
                 for a in starts
             )
         )
-        return Served.of(parts, order if texts is None else None)
+        return Served.of(parts, order if regrouped else None)
 
     async def rerank(
         self,
