@@ -134,8 +134,10 @@ def binary_body(payload: bytes, declared: int, shape: list[int]) -> tuple[bytes,
         (b"\xff\xff\xff\x7f" + b"x" * 8, 12, [1, 1], "runs past the end of its data"),
         (b"\x02\0\0\0hi", 6, [1 << 32, 1 << 32], "declares 18446744073709551616 elements"),
         (b"\x02\0\0\0hi", 600, [1, 1], "runs past the end of the body"),
+        # 200,000 empty elements: refused from the shape, before any length prefix is walked
+        (b"\0" * 800_000, 800_000, [200_000, 1], "200000 BYTES elements, at most 64"),
     ],
-    ids=["element past its data", "wrapping shape", "size past the body"],
+    ids=["element past its data", "wrapping shape", "size past the body", "many elements"],
 )
 def test_a_binary_tensor_that_disagrees_with_its_header_is_refused(
     stack, nothing_restarted, payload, declared, shape, why
@@ -194,3 +196,22 @@ def test_a_bad_message_in_a_stream_gets_an_error_and_the_stream_goes_on(stack, n
     for good in ("before", "after"):
         assert not by_id[good].error_message
         assert by_id[good].infer_response.outputs[0].name
+
+
+def test_a_stream_of_more_messages_than_wait_unread_is_answered_whole(stack, nothing_restarted):
+    """The check reads a stream's messages only while few answers wait for the client
+    (UNREAD_ANSWERS): a client that reads them gets every one, bad messages refused in place."""
+    from body_check.proxy import UNREAD_ANSWERS
+
+    count = 5 * UNREAD_ANSWERS
+    messages = [
+        wrapping_request(f"m{k}") if k % 7 == 3 else valid_request(f"m{k}") for k in range(count)
+    ]
+    channel, stub = grpc_stub(stack)
+    with channel:
+        answers = list(stub.ModelStreamInfer(iter(messages), metadata=AUTH_METADATA, timeout=60))
+    by_id = {a.infer_response.id: a for a in answers}
+    assert set(by_id) == {f"m{k}" for k in range(count)} and len(answers) == count
+    for k in range(count):
+        answer = by_id[f"m{k}"]
+        assert bool(answer.error_message) == (k % 7 == 3), answer.error_message
