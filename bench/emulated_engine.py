@@ -28,13 +28,6 @@ from bench.emulated_model import EmulatedEngineModel as TritonPythonModel
 __all__ = ["TritonPythonModel"]
 '''
 
-EMULATED_OWNER_PY = '''"""Bench only: a queue owner over an emulated engine (bench/emulated_engine.py)."""
-
-from bench.emulated_model import EmulatedOwnerModel as TritonPythonModel
-
-__all__ = ["TritonPythonModel"]
-'''
-
 
 class EmulatedEngine:
     """The manifest's layout and output size, with forwards that only take time (the real

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.emulated_engine import TABLE_FILE, EmulatedEngine, table_seconds
-from python_backend.split_models import OwnerModel
+from python_backend.owners import EngineSource
 from python_backend.triton_model import TritonPythonModel
 
 
@@ -16,23 +16,21 @@ def emulated_engine(manifest: Any, version_dir: Path) -> EmulatedEngine:
     return EmulatedEngine(manifest, table_seconds(spec))
 
 
-class EmulatedEngineHost:
-    """What a model over the emulated engine changes in its engine host: the engine, and where
-    it computes (it stands for a GPU's engine: its forwards only wait, so pin_cores applies)."""
+class EmulatedEngines(EngineSource):
+    """The emulated engine, which stands for a GPU's: its forwards only wait, so ``pin_cores``
+    applies to its process as to a GPU instance's."""
 
-    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
+    def open(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
         return emulated_engine(manifest, version_dir)
 
     def computes_on_cpu(self, manifest: Any) -> bool:
         return False
 
 
-class EmulatedEngineModel(EmulatedEngineHost, TritonPythonModel):
-    """Today's one-process model over the emulated engine."""
+class EmulatedEngineModel(TritonPythonModel):
+    """The project's model, in any role, with its local owner over the emulated engine."""
 
-
-class EmulatedOwnerModel(EmulatedEngineHost, OwnerModel):
-    """The split layout's queue owner over the emulated engine (the fronts are the real ones)."""
+    engines = EmulatedEngines()
 
 
 class PythonBackendFloorModel:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.emulated_engine import EMULATED_MODEL_PY, EMULATED_OWNER_PY, TABLE_FILE
+from bench.emulated_engine import EMULATED_MODEL_PY, TABLE_FILE
 from bench.errors import BenchError
 from bench.paths import INPUT_DATA, SAMPLE
 from builder.build import build
@@ -208,6 +208,6 @@ def add_emulated_split_variant(
     parameters: dict[str, str] | None = None,
 ) -> None:
     """``source`` in the split layout (``fronts`` fronts and ``name``_owner), the owner over the
-    emulated engine with ``table``; the fronts are the project's own."""
-    add_split_variant(repository, source, name, fronts, parameters, owner_py=EMULATED_OWNER_PY)
+    emulated engine with ``table`` (the fronts decode as the project's own)."""
+    add_split_variant(repository, source, name, fronts, parameters, model_py=EMULATED_MODEL_PY)
     (repository / name / "1" / TABLE_FILE).write_text(table + "\n")

@@ -40,7 +40,8 @@ from builder.torch_check import CORPUS_LENGTHS, SEED, target_on, time_grid, writ
 from python_backend.cost_models import CostModel
 from python_backend.engines.torch_engine import TorchEngine
 from python_backend.manifest import Manifest
-from python_backend.scheduler import Answer, Outcome, Request, Scheduler, SchedulerMetrics
+from python_backend.records import Answer, Outcome, Request
+from python_backend.scheduler import Scheduler, SchedulerMetrics
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

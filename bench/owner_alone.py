@@ -8,7 +8,7 @@ The owner (``python_backend.queue_owner`` over the scheduler, a zero-time engine
 TensorRT build's layout, 384 outputs a row; with ``--table``, forwards that wait a GPU table's
 time, as the owner's GPU forwards would, releasing the GIL) runs in its own process pinned to core 0 with
 ``taskset``. Feeder processes pinned to core 1 (``--feeders``, as many fronts) keep
-``--clients`` requests in flight between them, each through one ``OwnerClient`` (the front's
+``--clients`` requests in flight between them, each through one ``RemoteOwner`` (the front's
 side): each answer sends the next request, so the messages are the batches fronts send at that
 load. Rows are real request lengths
 (bench/data/request_lengths.txt) with random token ids.
@@ -88,6 +88,7 @@ def serve(endpoint: str, table: str, overlap: bool = False) -> None:
     """The owner's process: serves until stdin closes. Prints 'ready TID', the scheduler
     thread's id (its CPU is what runs in series with the forwards)."""
     from python_backend.cost_models import LinearCost
+    from python_backend.owners import LocalOwner
     from python_backend.queue_owner import QueueOwner
     from python_backend.scheduler import Scheduler
 
@@ -103,7 +104,7 @@ def serve(endpoint: str, table: str, overlap: bool = False) -> None:
         overlap=overlap,
         vocab_size=VOCAB_SIZE,
     )
-    owner = QueueOwner(scheduler, endpoint, OUTPUT_DIM)
+    owner = QueueOwner(LocalOwner(scheduler, engine, responder=False), endpoint, OUTPUT_DIM)
     owner.start()
     print(f"ready {scheduler.thread_id}", flush=True)
     sys.stdin.read()
@@ -120,8 +121,8 @@ def feed(
 ) -> str:
     """The feeder's process: closed-loop clients; prints 'rows owner_cpu feeder_cpu wall
     scheduler_cpu' (the owner's scheduler thread's CPU, part of owner_cpu)."""
-    from python_backend.owner_client import OwnerClient
-    from python_backend.scheduler import Answer
+    from python_backend.owner_client import RemoteOwner
+    from python_backend.records import Answer, Request
 
     rng = np.random.default_rng(0)
     lengths = read_lengths(LENGTHS)
@@ -129,10 +130,13 @@ def feed(
         [rng.integers(1, 30000, int(n)) for n in rng.choice(lengths, rows_per_request)]
         for _ in range(256)
     ]
-    client = OwnerClient(endpoint, OUTPUT_DIM, log=lambda message: print(message, file=sys.stderr))
-    client.start()
-    if not client.wait_connected(10):
-        raise BenchError("the owner did not accept a connection")
+    client = RemoteOwner(
+        endpoint, OUTPUT_DIM, log=lambda message: print(message, file=sys.stderr), wait_s=10
+    )
+    try:
+        client.start()
+    except RuntimeError as err:
+        raise BenchError(str(err)) from None
     counted = [0]
     measuring = threading.Event()
     stopping = threading.Event()
@@ -148,10 +152,10 @@ def feed(
             counted[0] += len(outcome.outputs)
         if not stopping.is_set():
             sent[0] += 1
-            client.submit(pool[sent[0] % len(pool)], respond)
+            client.submit(Request(pool[sent[0] % len(pool)], respond))
 
     for k in range(clients):
-        client.submit(pool[k % len(pool)], respond)
+        client.submit(Request(pool[k % len(pool)], respond))
     time.sleep(1.0)  # warm-up
     me = os.getpid()
     scheduler_start = thread_cpu_seconds(owner_pid, scheduler_thread)

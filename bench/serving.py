@@ -61,7 +61,8 @@ def engine_only_limit(
     ``collection`` rows, with no server: the planner's forwards on the engine, nothing else."""
     from python_backend.engines import open_engine
     from python_backend.manifest import load_manifest
-    from python_backend.scheduler import Request, Scheduler
+    from python_backend.records import Request
+    from python_backend.scheduler import Scheduler
 
     manifest = load_manifest(version_dir)
     engine = open_engine(manifest, version_dir)

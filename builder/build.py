@@ -31,7 +31,6 @@ from builder.cores import default_fronts
 from builder.opt_shapes import OptChoice, planned_opt_rows
 from builder.spec import BuildError, BuildSpec, option
 from builder.triton_config import (
-    FRONT_MODEL_PY,
     MODEL_PY,
     cpu_instance,
     front_instances,
@@ -616,7 +615,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
     else:
         labels.unlink(missing_ok=True)
     write_config(config, version_dir.parent)
-    (version_dir / "model.py").write_text(FRONT_MODEL_PY if split else MODEL_PY)
+    (version_dir / "model.py").write_text(MODEL_PY)
     owner_dir = spec.repository / owner_name(spec.name)
     if split:
         write_owner(spec.repository, spec.name, on_gpu, spec.gpus)

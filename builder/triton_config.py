@@ -29,23 +29,11 @@ from python_backend.settings import CONFIG_DEFAULTS
 
 MAX_BATCH_SIZE = MAX_ROWS_PER_REQUEST
 
+# every model of the deployment, whatever its role (one process, front, queue owner: read from
+# its config's parameters at initialize)
 MODEL_PY = '''"""Triton entry point: the logic lives in python_backend (queue, planner, engines)."""
 
 from python_backend.triton_model import TritonPythonModel
-
-__all__ = ["TritonPythonModel"]
-'''
-
-FRONT_MODEL_PY = '''"""Triton entry point of a front: decodes and tokenizes, its queue owner plans and runs."""
-
-from python_backend.split_models import FrontModel as TritonPythonModel
-
-__all__ = ["TritonPythonModel"]
-'''
-
-OWNER_MODEL_PY = '''"""Triton entry point of a queue owner: the engine and the planner, fed by the fronts."""
-
-from python_backend.split_models import OwnerModel as TritonPythonModel
 
 __all__ = ["TritonPythonModel"]
 '''
@@ -132,12 +120,18 @@ def owner_config(model: str, on_gpu: bool, gpus: tuple[int, ...] | None = None) 
     return config
 
 
-def write_owner(repository: Path, model: str, on_gpu: bool, gpus: tuple[int, ...] | None) -> Path:
+def write_owner(
+    repository: Path,
+    model: str,
+    on_gpu: bool,
+    gpus: tuple[int, ...] | None,
+    model_py: str = MODEL_PY,
+) -> Path:
     """``model``'s queue owner entry: its config and its model.py (it runs ``model``'s files)."""
     owner_dir = Path(repository) / owner_name(model)
     (owner_dir / "1").mkdir(parents=True, exist_ok=True)
     write_config(owner_config(model, on_gpu, gpus), owner_dir)
-    (owner_dir / "1" / "model.py").write_text(OWNER_MODEL_PY)
+    (owner_dir / "1" / "model.py").write_text(model_py)
     return owner_dir
 
 
@@ -193,25 +187,24 @@ def add_split_variant(
     name: str,
     fronts: int,
     parameters: dict[str, str] | None = None,
-    owner_py: str = OWNER_MODEL_PY,
+    model_py: str = MODEL_PY,
 ) -> mc.ModelConfig:
     """A variant of ``source`` in the split layout: ``fronts`` front instances named ``name`` and
-    its queue owner (``name``_owner) over ``source``'s engine files, on the CPU. ``owner_py``:
-    an owner over another engine (bench repositories: the emulated one)."""
+    its queue owner (``name``_owner) over ``source``'s engine files, on the CPU. ``model_py``:
+    the entry point of both (bench repositories: one over the emulated engine)."""
     config = add_model_variant(
         repository,
         source,
         name,
         {**(parameters or {}), OWNER_PARAMETER: owner_name(name)},
-        model_py=FRONT_MODEL_PY,
+        model_py=model_py,
     )
     del config.instance_group[:]
     config.instance_group.append(front_instances(fronts, on_gpu=False))
     write_config(config, Path(repository) / name)
-    owner_dir = write_owner(repository, name, on_gpu=False, gpus=None)
+    owner_dir = write_owner(repository, name, on_gpu=False, gpus=None, model_py=model_py)
     owner = read_config(owner_dir / "config.pbtxt")
     for key, value in (parameters or {}).items():
         owner.parameters[key].string_value = value
     write_config(owner, owner_dir)
-    (owner_dir / "1" / "model.py").write_text(owner_py)
     return config

@@ -1,6 +1,8 @@
-"""A front's side of the queue owner: submits decoded requests, delivers their answers.
+"""The remote owner: a front's handle on its queue owner, in another process across a socket.
 
-Triton's ``execute`` calls ``submit`` (it only appends and wakes the I/O thread); the I/O thread
+It takes what a ``LocalOwner`` takes (``python_backend.owners``): ``submit`` a request, whose
+``respond`` is called once with its answer; ``start``, ``ready``, ``stop``. Triton's ``execute``
+calls ``submit`` (it only appends and wakes the I/O thread); the I/O thread
 owns the DEALER socket: it sends everything pending as one message, reads answers and calls each
 request's ``respond`` (which sends its Triton response) exactly once. The work of asking Triton
 whether a client went away is here too: each request in flight is asked once it has waited
@@ -11,7 +13,8 @@ rows before their forward.
 The owner can die or restart. The socket is ``immediate`` (nothing is queued for an owner that is
 not connected) and its monitor reports the disconnection at once: every request in flight is
 then answered ``owner_lost`` (503, retry), a request submitted while no owner runs is answered so
-at once, and ZeroMQ reconnects by itself when an owner binds again.
+at once, and ZeroMQ reconnects by itself when an owner binds again. Those refusals are this
+handle's own: it counts them (``refused``); every other one was counted by the owner.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -33,7 +35,6 @@ from python_backend.contract import Reason, ServeError
 from python_backend.owner_wire import (
     ANSWERS,
     HEARTBEAT,
-    NO_DEADLINE,
     Wakeup,
     WireError,
     decode_answers,
@@ -41,33 +42,26 @@ from python_backend.owner_wire import (
     encode_submit,
     received,
 )
-from python_backend.scheduler import Answer, Outcome
+from python_backend.records import Outcome, Request
 
 HEARTBEAT_S = 0.5  # the owner takes a front silent for FRONT_SILENT_S (3 s) as gone
 # how long a request waits before it is first asked whether its client left, and then between
 # questions: at 64 requests in flight and 20 ms, the questions alone took 2.8 ms of a front's CPU
 # per request served by the ONNX Runtime engine on the CPU (docs/ARCHITECTURE.md)
 CANCEL_POLL_S = 0.1
-
-
-class StalledDrop(ServeError):
-    """``owner_lost`` for a request the owner saw, then dropped because this front fell silent
-    (stopped, say, then resumed): the owner has counted it already, as cancelled."""
+OWNER_WAIT_S = 600.0  # ``start`` waits this long for the owner (a TensorRT engine's load)
 
 
 @dataclass(slots=True)
 class _InFlight:
-    respond: Callable[[Outcome], None]
-    is_cancelled: Callable[[], bool]
+    request: Request
     ask_at: float = 0.0  # when to ask is_cancelled next (monotonic)
     cancel_sent: bool = False
 
 
-def _never() -> bool:
-    return False
+class RemoteOwner:
+    """The queue owner at ``endpoint`` (``ipc://PATH``), whose outputs are ``output_width`` wide."""
 
-
-class OwnerClient:
     def __init__(
         self,
         endpoint: str,
@@ -75,16 +69,22 @@ class OwnerClient:
         cancel_poll_s: float = CANCEL_POLL_S,
         log: Callable[[str], None] = lambda message: None,
         tick: Callable[[], None] = lambda: None,
+        refused: Callable[[Reason], None] = lambda reason: None,
+        wait_s: float = OWNER_WAIT_S,
+        failure_file: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.output_width = output_width
         self.cancel_poll_s = cancel_poll_s
         self.log = log
         self.tick = tick  # called by the I/O thread at each wake-up (a front's metrics flush)
+        self.refused = refused  # counts a refusal this handle made (the owner never saw it)
+        self.wait_s = wait_s
+        self.failure_file = failure_file  # where an owner that failed to start says why
         self.identity = uuid.uuid4().bytes  # a new front process is a new front to the owner
         self._ids = itertools.count()
-        # (request id, rows, seconds left, client, its record) per request not yet sent
-        self._outgoing: deque[tuple[int, list[np.ndarray], float, str, _InFlight]] = deque()
+        # (request id, its record) per request not yet sent
+        self._outgoing: deque[tuple[int, _InFlight]] = deque()
         self._in_flight: dict[int, _InFlight] = {}
         self._wake = Wakeup()  # requests were submitted: one wake-up for all of them
         self._stop = threading.Event()
@@ -92,28 +92,35 @@ class OwnerClient:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Connects; returns once the owner is connected (a front may start before its owner).
+        Raises RuntimeError, stopped, after ``wait_s``, or at once when the owner left the reason
+        it failed to start in ``failure_file``."""
         self._thread = threading.Thread(target=self._serve, name="owner-client-io", daemon=True)
         self._thread.start()
+        try:
+            self._wait_for_owner()
+        except RuntimeError:
+            self.stop()
+            raise
 
-    def wait_connected(self, timeout_s: float) -> bool:
-        """True once an owner is connected (a front may start before its owner)."""
-        return self._connected.wait(timeout_s)
-
-    def wait_for_owner(self, timeout_s: float, failure_file: str) -> None:
-        """Returns once the owner is connected; raises RuntimeError at ``timeout_s``, or at once
-        when the owner left its failure's reason in ``failure_file`` (it failed to start)."""
-        deadline = time.monotonic() + timeout_s
+    def _wait_for_owner(self) -> None:
+        deadline = time.monotonic() + self.wait_s
         while not self._connected.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
-            try:
-                with open(failure_file) as reason:
-                    raise RuntimeError(f"the queue owner failed to start: {reason.read()}")
-            except FileNotFoundError:
-                pass
+            if self.failure_file is not None:
+                try:
+                    with open(self.failure_file) as reason:
+                        raise RuntimeError(f"the queue owner failed to start: {reason.read()}")
+                except FileNotFoundError:
+                    pass
             if time.monotonic() >= deadline:
                 raise RuntimeError(
                     f"the queue owner did not accept a connection at {self.endpoint} within "
-                    f"{timeout_s:.0f} s: is it in the repository and loaded?"
+                    f"{self.wait_s:.0f} s: is it in the repository and loaded?"
                 )
+
+    def ready(self) -> bool:
+        """Whether the owner is connected now."""
+        return self._connected.is_set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops; whatever is still in flight is answered as a shutdown."""
@@ -123,23 +130,14 @@ class OwnerClient:
             self._thread.join(timeout_s)
         self._wake.close()
 
-    def submit(
-        self,
-        rows: list[np.ndarray],
-        respond: Callable[[Outcome], None],
-        timeout_s: float | None = None,
-        is_cancelled: Callable[[], bool] = _never,
-        client: str = "",
-    ) -> None:
-        """Sends a request to the owner (soon, with whatever else is pending); ``respond`` is
-        called once, from the I/O thread, with its Answer or a ServeError. ``client``: who sent
-        it, for the owner's queue shares."""
-        entry = _InFlight(respond, is_cancelled)
+    def submit(self, request: Request) -> None:
+        """Sends a request to the owner (soon, with whatever else is pending); its ``respond``
+        is called once, from the I/O thread, with its Answer or a ServeError."""
+        entry = _InFlight(request)
         if self._stop.is_set():
             self._answer(entry, ServeError(Reason.SHUTDOWN, "the model is stopping; retry"))
             return
-        timeout = NO_DEADLINE if timeout_s is None else timeout_s
-        self._outgoing.append((next(self._ids), rows, timeout, client, entry))
+        self._outgoing.append((next(self._ids), entry))
         self._wake.signal()
 
     # -- the I/O thread ---------------------------------------------------------------------------
@@ -198,32 +196,24 @@ class OwnerClient:
             elif event == zmq.EVENT_DISCONNECTED:
                 self._connected.clear()
                 self.log("the queue owner went away: the requests in flight are answered 503")
-                self._fail_in_flight(
-                    ServeError(
-                        Reason.OWNER_LOST,
-                        "the model's queue owner stopped before answering; retry",
-                    )
+                in_flight, self._in_flight = self._in_flight, {}
+                self._lost(
+                    in_flight.values(), "the model's queue owner stopped before answering; retry"
                 )
 
     def _send_pending(self, socket: zmq.Socket) -> bool:
         batch = []
         while self._outgoing:
             batch.append(self._outgoing.popleft())
-        frames = encode_submit(
-            [rid for rid, _, _, _, _ in batch],
-            [rows for _, rows, _, _, _ in batch],
-            [timeout for _, _, timeout, _, _ in batch],
-            [client for _, _, _, client, _ in batch],
-        )
+        now = time.monotonic()
+        frames = encode_submit([rid for rid, _ in batch], [e.request for _, e in batch], now)
         try:
             socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:  # no owner connected (starting, or restarting)
-            error = ServeError(Reason.OWNER_LOST, "the model's queue owner is not running; retry")
-            for *_, entry in batch:
-                self._answer(entry, error)
+            self._lost((e for _, e in batch), "the model's queue owner is not running; retry")
             return False
-        ask_at = time.monotonic() + self.cancel_poll_s
-        for rid, *_, entry in batch:
+        ask_at = now + self.cancel_poll_s
+        for rid, entry in batch:
             entry.ask_at = ask_at
             self._in_flight[rid] = entry
         return True
@@ -234,26 +224,26 @@ class OwnerClient:
                 self.log(f"a message of unknown kind from the queue owner: {bytes(body[0])[:32]!r}")
                 continue
             try:
-                answered, failed = decode_answers(body, self.output_width)
+                outcomes = decode_answers(body, self.output_width)
             except WireError as err:
                 self.log(f"an answer from the queue owner did not decode: {err}")
                 continue
-            for a in answered:
-                entry = self._in_flight.pop(a.request_id, None)
-                if entry is not None:
-                    self._answer(entry, Answer(a.outputs, a.num_tokens, a.queue_s, a.inference_s))
-            for f in failed:
-                entry = self._in_flight.pop(f.request_id, None)
+            for rid, outcome in outcomes:
+                entry = self._in_flight.pop(rid, None)
                 if entry is None:
                     continue
-                error = f.error
-                if error.reason is Reason.CANCELLED and not entry.cancel_sent:
-                    # the owner dropped it because this front was silent (stopped, then resumed)
-                    error = StalledDrop(
+                if (
+                    isinstance(outcome, ServeError)
+                    and outcome.reason is Reason.CANCELLED
+                    and not entry.cancel_sent
+                ):
+                    # the owner dropped it because this front was silent (stopped, then
+                    # resumed); the owner counted it, as cancelled
+                    outcome = ServeError(
                         Reason.OWNER_LOST,
                         "the model's front stalled and its queued request was dropped; retry",
                     )
-                self._answer(entry, error)
+                self._answer(entry, outcome)
 
     def _send_cancellations(self, socket: zmq.Socket, now: float) -> bool:
         cancelled = []
@@ -261,7 +251,7 @@ class OwnerClient:
             if entry.cancel_sent or now < entry.ask_at:
                 continue
             entry.ask_at = now + self.cancel_poll_s
-            if entry.is_cancelled():
+            if entry.request.is_cancelled():
                 entry.cancel_sent = True
                 cancelled.append(rid)
         if not cancelled:
@@ -272,18 +262,21 @@ class OwnerClient:
             return False  # no owner: the disconnection answers them
         return True
 
-    def _fail_in_flight(self, error: ServeError) -> None:
+    def _lost(self, entries: Iterable[_InFlight], message: str) -> None:
+        """Answers requests the owner will never answer ``owner_lost``, each counted here."""
+        for entry in entries:
+            self.refused(Reason.OWNER_LOST)
+            self._answer(entry, ServeError(Reason.OWNER_LOST, message))
+
+    def _fail_all(self, error: ServeError) -> None:
         in_flight, self._in_flight = self._in_flight, {}
         for entry in in_flight.values():
             self._answer(entry, error)
-
-    def _fail_all(self, error: ServeError) -> None:
-        self._fail_in_flight(error)
         while self._outgoing:
-            self._answer(self._outgoing.popleft()[4], error)
+            self._answer(self._outgoing.popleft()[1], error)
 
     def _answer(self, entry: _InFlight, outcome: Outcome) -> None:
         try:
-            entry.respond(outcome)
+            entry.request.respond(outcome)
         except Exception as err:  # one answer's failure must not end the thread
             self.log(f"answering a request failed: {err!r}")

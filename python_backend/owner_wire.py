@@ -24,13 +24,13 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import zmq
 
 from python_backend.contract import Reason, ServeError
+from python_backend.records import Answer, Outcome, Request, Respond
 
 SUBMIT, CANCEL, ANSWERS = b"submit", b"cancel", b"answers"
 HEARTBEAT = b"alive"  # a front with nothing to send says it still runs
@@ -50,33 +50,6 @@ def _raw(values: np.ndarray) -> Frame:
 
 class WireError(ValueError):
     """A message that does not decode: its frames disagree or are of the wrong size."""
-
-
-@dataclass(eq=False, slots=True)
-class Submitted:
-    """One request as the owner receives it."""
-
-    request_id: int
-    rows: list[np.ndarray]  # int64 token ids per row (views into one buffer)
-    timeout_s: float | None  # seconds it may still wait, measured when the front sent it
-    client: str = ""  # who sent it (the front door's name): the owner's queue shares by it
-
-
-@dataclass(eq=False, slots=True)
-class Answered:
-    """One request's outputs as the front receives them."""
-
-    request_id: int
-    outputs: np.ndarray  # [rows, D] float32
-    num_tokens: np.ndarray  # [rows] int32
-    queue_s: float = 0.0  # seconds it queued in the owner
-    inference_s: float = 0.0  # seconds from its first forward's start to its last row
-
-
-@dataclass(frozen=True)
-class Failed:
-    request_id: int
-    error: ServeError
 
 
 def _column(frame: Frame, dtype: type, what: str) -> np.ndarray:
@@ -135,25 +108,23 @@ class Wakeup:
 
 
 def encode_submit(
-    request_ids: Sequence[int],
-    rows: Sequence[Sequence[np.ndarray]],
-    timeouts_s: Sequence[float],
-    clients: Sequence[str] | None = None,
+    request_ids: Sequence[int], requests: Sequence[Request], now: float
 ) -> list[Frame]:
-    """One SUBMIT message for these requests (rows[i] are request i's token-id rows; clients[i]
-    its client's name, "" for all when None)."""
-    names = [c.encode("utf-8") for c in clients] if clients is not None else [b""] * len(rows)
-    lengths = [len(r) for request in rows for r in request]
+    """One SUBMIT message for these requests: each one's rows, client and the seconds its
+    deadline leaves it at ``now`` (the sender's monotonic clock)."""
+    names = [r.client.encode("utf-8") for r in requests]
+    lengths = [len(row) for r in requests for row in r.rows]
     ids = (
-        np.concatenate([r for request in rows for r in request]).astype(TOKEN_DTYPE, copy=False)
+        np.concatenate([row for r in requests for row in r.rows]).astype(TOKEN_DTYPE, copy=False)
         if lengths
         else np.empty(0, TOKEN_DTYPE)
     )
+    timeouts = [NO_DEADLINE if r.deadline is None else r.deadline - now for r in requests]
     return [
         SUBMIT,
         _raw(np.asarray(request_ids, np.int64)),
-        _raw(np.fromiter((len(request) for request in rows), np.int32, len(rows))),
-        _raw(np.asarray(timeouts_s, np.float64)),
+        _raw(np.fromiter((len(r.rows) for r in requests), np.int32, len(requests))),
+        _raw(np.asarray(timeouts, np.float64)),
         _raw(np.asarray(lengths, np.int32)),
         _raw(ids),
         _raw(np.fromiter(map(len, names), np.int32, len(names))),
@@ -161,7 +132,13 @@ def encode_submit(
     ]
 
 
-def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
+Bind = Callable[[int], tuple[Respond, Callable[[], bool]]]
+
+
+def decode_submit(frames: Sequence[Frame], now: float, bind: Bind) -> list[Request]:
+    """The requests of a SUBMIT message, each with its deadline on the receiver's clock
+    (``now`` plus the seconds it had left) and the answer and cancellation ``bind(request_id)``
+    gives it."""
     if len(frames) != 8 or bytes(frames[0]) != SUBMIT:
         raise WireError(f"a submit message has 8 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
@@ -185,12 +162,14 @@ def decode_submit(frames: Sequence[Frame]) -> list[Submitted]:
         raise WireError("a request with no rows or a row with no tokens")
     wide = tokens.astype(np.int64)  # one conversion for the whole message
     rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
-    return [
-        Submitted(request_id, rows[a:b], None if math.isnan(timeout) else timeout, client)
-        for request_id, (a, b), timeout, client in zip(
-            request_ids.tolist(), _spans(rows_per), timeouts.tolist(), clients, strict=True
-        )
-    ]
+    requests = []
+    for request_id, (a, b), timeout, client in zip(
+        request_ids.tolist(), _spans(rows_per), timeouts.tolist(), clients, strict=True
+    ):
+        respond, is_cancelled = bind(request_id)
+        deadline = None if math.isnan(timeout) else now + timeout
+        requests.append(Request(rows[a:b], respond, deadline, is_cancelled, client))
+    return requests
 
 
 def encode_cancel(request_ids: Sequence[int]) -> list[Frame]:
@@ -203,33 +182,36 @@ def decode_cancel(frames: Sequence[Frame]) -> list[int]:
     return _column(frames[1], np.int64, "request ids").tolist()
 
 
-def encode_answers(
-    answered: Sequence[Answered], failed: Sequence[Failed], width: int
-) -> list[Frame]:
-    """One ANSWERS message; ``width`` is D, the outputs' second dimension."""
+def encode_answers(outcomes: Sequence[tuple[int, Outcome]], width: int) -> list[Frame]:
+    """One ANSWERS message for (request id, outcome) pairs; ``width`` is D, the outputs'
+    second dimension."""
+    answered = [(rid, o) for rid, o in outcomes if isinstance(o, Answer)]
+    errors = [[rid, o.reason.value, str(o)] for rid, o in outcomes if isinstance(o, ServeError)]
     outputs = (
-        np.concatenate([a.outputs for a in answered]).astype(np.float32, copy=False)
+        np.concatenate([a.outputs for _, a in answered]).astype(np.float32, copy=False)
         if answered
         else np.empty((0, width), np.float32)
     )
-    errors = [[f.request_id, f.error.reason.value, str(f.error)] for f in failed]
     num_tokens = (
-        np.concatenate([a.num_tokens for a in answered]).astype(np.int32, copy=False)
+        np.concatenate([a.num_tokens for _, a in answered]).astype(np.int32, copy=False)
         if answered
         else np.empty(0, np.int32)
     )
+    times = np.asarray([(a.queue_s, a.inference_s) for _, a in answered], np.float64)
     return [
         ANSWERS,
-        _raw(np.asarray([a.request_id for a in answered], np.int64)),
-        _raw(np.fromiter((len(a.outputs) for a in answered), np.int32, len(answered))),
+        _raw(np.asarray([rid for rid, _ in answered], np.int64)),
+        _raw(np.fromiter((len(a.outputs) for _, a in answered), np.int32, len(answered))),
         _raw(outputs),
         _raw(num_tokens),
         json.dumps(errors).encode(),
-        _raw(np.asarray([(a.queue_s, a.inference_s) for a in answered], np.float64).reshape(-1)),
+        _raw(times.reshape(-1)),
     ]
 
 
-def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered], list[Failed]]:
+def decode_answers(frames: Sequence[Frame], width: int) -> list[tuple[int, Outcome]]:
+    """(request id, outcome) for each request an ANSWERS message answers: those answered with
+    outputs first, then those that failed."""
     if len(frames) != 7 or bytes(frames[0]) != ANSWERS:
         raise WireError(f"an answers message has 7 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
@@ -246,12 +228,10 @@ def decode_answers(frames: Sequence[Frame], width: int) -> tuple[list[Answered],
         raise WireError(f"{len(times)} times for {len(request_ids)} answered requests")
     times = times.reshape(-1, 2)
     outputs = outputs.reshape(total, width)
-    answered = [
-        Answered(request_id, outputs[a:b], num_tokens[a:b], float(t[0]), float(t[1]))
+    outcomes: list[tuple[int, Outcome]] = [
+        (request_id, Answer(outputs[a:b], num_tokens[a:b], float(t[0]), float(t[1])))
         for request_id, (a, b), t in zip(request_ids.tolist(), _spans(rows_per), times, strict=True)
     ]
-    failed = [
-        Failed(int(request_id), ServeError(Reason(reason), message))
-        for request_id, reason, message in json.loads(bytes(frames[5]))
-    ]
-    return answered, failed
+    for request_id, reason, message in json.loads(bytes(frames[5])):
+        outcomes.append((int(request_id), ServeError(Reason(reason), message)))
+    return outcomes

@@ -1,16 +1,17 @@
 """The queue owner: the one process per GPU that sees every row, fed by many front processes.
 
 The fronts do the work that scales with requests (decoding, tokenizing, answering Triton); the
-owner does what must see every row: the queue, the planner, the engine (``Scheduler``). Between
+owner does what must see every row: the queue, the planner, the engine (a ``LocalOwner``, which
+``QueueOwner`` serves to the fronts: each front's ``RemoteOwner`` is its handle on it). Between
 them, ZeroMQ over a Unix socket: the owner binds a ROUTER, each front connects a DEALER, and each
 message is a batch (``owner_wire``): everything a front had pending, every answer ready for one
 front.
 
 One I/O thread owns the socket (ZeroMQ sockets are not shared between threads). It decodes each
-SUBMIT into scheduler requests; the scheduler's responder hands each answer back to it through
-a queue and an eventfd, and it sends whatever has accumulated for a front as one message. A
-request's cancellation is a set lookup here (the front asks Triton and sends CANCEL), so the
-scheduler's checks before each forward cost no message.
+SUBMIT into requests for the local owner; each answer comes back to it through a queue and an
+eventfd (the owner answers on its scheduler thread), and it sends whatever has accumulated for a
+front as one message. A request's cancellation is a set lookup here (the front asks Triton and
+sends CANCEL), so the scheduler's checks before each forward cost no message.
 
 A front that dies or stops (SIGSTOP) sends nothing: after ``FRONT_SILENT_S`` without a message
 from it (fronts send a heartbeat when idle), its queued requests are dropped before they cost a
@@ -37,8 +38,6 @@ from python_backend.owner_wire import (
     CANCEL,
     HEARTBEAT,
     SUBMIT,
-    Answered,
-    Failed,
     Frame,
     Wakeup,
     WireError,
@@ -47,7 +46,8 @@ from python_backend.owner_wire import (
     encode_answers,
     received,
 )
-from python_backend.scheduler import Answer, Outcome, Request, Scheduler
+from python_backend.owners import Owner
+from python_backend.records import Outcome, Respond
 
 FRONT_SILENT_S = 3.0  # a front this long without a message is taken as gone (heartbeat: 0.5 s)
 POLL_S = 0.25  # the I/O thread's longest sleep: it checks the fronts' silence this often
@@ -67,18 +67,19 @@ class _Ticket:
 
 
 class QueueOwner:
-    """Serves ``scheduler`` to the fronts connecting at ``endpoint`` (``ipc://PATH``)."""
+    """Serves ``owner`` to the fronts connecting at ``endpoint`` (``ipc://PATH``). ``owner``
+    answers through ``respond`` only (a deque append): it needs no responder thread."""
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        owner: Owner,
         endpoint: str,
         output_width: int,
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = lambda message: None,
         front_silent_s: float = FRONT_SILENT_S,
     ) -> None:
-        self.scheduler = scheduler
+        self.owner = owner
         self.front_silent_s = front_silent_s
         self.endpoint = endpoint
         self.output_width = output_width
@@ -100,8 +101,8 @@ class QueueOwner:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 10.0) -> None:
-        """Starts the scheduler and the I/O thread; returns once the socket is bound."""
-        self.scheduler.start(responder=False)  # an answer is a deque append: no thread needed
+        """Starts the owner and the I/O thread; returns once the socket is bound."""
+        self.owner.start()
         self._thread = threading.Thread(target=self._serve, name="queue-owner-io", daemon=True)
         self._thread.start()
         if not self._bound.wait(timeout_s) or self._bind_error is not None:
@@ -109,18 +110,18 @@ class QueueOwner:
                 f"the queue owner could not bind {self.endpoint}: {self._bind_error}"
             )
 
-    def stop(self, timeout_s: float = 30.0) -> bool:
-        """Finishes what is queued (the scheduler's drain), sends the last answers, closes.
-        Returns the scheduler's verdict: False when a forward was still running."""
-        drained = self.scheduler.stop(timeout_s)
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finishes what is queued (the owner's drain), sends the last answers, closes (once)."""
+        if self._stop.is_set():
+            return
+        self.owner.stop(timeout_s)
         self._stop.set()
         self._wake.force()
         if self._thread is not None:
             self._thread.join(5.0)
         self._wake.close()
-        return drained
 
-    # -- what the scheduler calls -----------------------------------------------------------------
+    # -- what the owner calls ---------------------------------------------------------------------
 
     def _respond(self, front: bytes, request_id: int, outcome: Outcome) -> None:
         self._ready.append((front, request_id, outcome))
@@ -191,26 +192,19 @@ class QueueOwner:
                 self.log(f"queue owner: a message from a front did not decode: {err}")
 
     def _submit(self, front: bytes, body: list[Frame]) -> None:
-        now = self.clock()
         tickets = self._live.setdefault(front, {})
-        for submitted in decode_submit(body):
-            rid = submitted.request_id
-            timeout = submitted.timeout_s
+
+        def bind(rid: int) -> tuple[Respond, Callable[[], bool]]:
             ticket = tickets[rid] = _Ticket()
-            self.scheduler.submit(
-                Request(
-                    rows=submitted.rows,
-                    respond=partial(self._respond, front, rid),
-                    deadline=None if timeout is None else now + timeout,
-                    is_cancelled=ticket.is_cancelled,
-                    client=submitted.client,
-                )
-            )
+            return partial(self._respond, front, rid), ticket.is_cancelled
+
+        for request in decode_submit(body, self.clock(), bind):
+            self.owner.submit(request)
 
     def _send_ready(self, socket: zmq.Socket) -> None:
         if not self._ready:
             return
-        by_front: dict[bytes, tuple[list[Answered], list[Failed]]] = {}
+        by_front: dict[bytes, list[tuple[int, Outcome]]] = {}
         while self._ready:
             front, rid, outcome = self._ready.popleft()
             tickets = self._live.get(front)
@@ -218,27 +212,15 @@ class QueueOwner:
                 tickets.pop(rid, None)
                 if not tickets:
                     del self._live[front]
-            answered, failed = by_front.setdefault(front, ([], []))
-            if isinstance(outcome, Answer):
-                answered.append(
-                    Answered(
-                        rid,
-                        outcome.outputs,
-                        outcome.num_tokens,
-                        outcome.queue_s,
-                        outcome.inference_s,
-                    )
-                )
-            else:
-                failed.append(Failed(rid, outcome))
-        for front, (answered, failed) in by_front.items():
+            by_front.setdefault(front, []).append((rid, outcome))
+        for front, outcomes in by_front.items():
             try:
-                frames = encode_answers(answered, failed, self.output_width)
+                frames = encode_answers(outcomes, self.output_width)
             except Exception as err:  # outputs of the wrong shape: a bug, but answer every one
                 self.log(f"queue owner: answers did not encode: {err!r}")
                 error = ServeError(Reason.INTERNAL, "the server could not send this answer")
-                everyone = [Failed(a.request_id, error) for a in answered] + failed
-                frames = encode_answers([], everyone, self.output_width)
+                everyone = [(rid, o if isinstance(o, ServeError) else error) for rid, o in outcomes]
+                frames = encode_answers(everyone, self.output_width)
             try:
                 socket.send_multipart([front, *frames], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as err:  # the front is gone: nobody is left to read them

@@ -51,45 +51,14 @@ from python_backend.planner import (
     per_bucket_cost,
     plan_cost,
 )
+from python_backend.records import Answer, Outcome, Request
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
 _CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
 
 
-# The records made per request and per row (Answer, Request, RowRef, Forward) are plain slotted
-# dataclasses, not frozen ones: a frozen dataclass's __init__ sets each field through
-# object.__setattr__, about 3x slower, and building them was a fifth of the queue owner's CPU;
-# unfrozen, the owner serves 1.10x the one-row requests (docs/ARCHITECTURE.md). Nothing changes
-# them after they are made.
-
-
-@dataclass(eq=False, slots=True)
-class Answer:
-    """A request's outputs."""
-
-    outputs: np.ndarray  # [rows, D] float32, row i for the request's row i
-    num_tokens: np.ndarray  # [rows] int32: tokens each row ran with
-    queue_s: float = 0.0  # from its arrival to its first forward's start
-    inference_s: float = 0.0  # from its first forward's start to its last row computed
-
-
-Outcome = Answer | ServeError
-Respond = Callable[[Outcome], None]
-
-
-def _never_cancelled() -> bool:
-    return False
-
-
-@dataclass(eq=False, slots=True)
-class Request:
-    """What a client asked for; the scheduler never changes it."""
-
-    rows: list[np.ndarray]  # token ids per row, int64, at least one token each
-    respond: Respond  # called exactly once, with an Answer or a ServeError
-    deadline: float | None = None  # clock time after which it must not start computing
-    is_cancelled: Callable[[], bool] = _never_cancelled  # asked before it costs anything
-    client: str = ""  # who sent it: the queue is shared between clients (fair_queue)
+# The records made per row (RowRef, Forward) are plain slotted dataclasses, for the reason
+# python_backend.records gives.
 
 
 @dataclass(eq=False, slots=True)

@@ -1,10 +1,22 @@
-"""The Triton Python-backend model: thin glue between Triton and the scheduler.
+"""The Triton Python-backend model: thin glue between Triton and an owner (``owners``).
 
-``initialize`` parses what Triton passes (``parse_args``), loads the manifest and the engine,
-builds everything else from them with the pure ``wire`` and starts the scheduler; ``execute`` decodes
-each request, answers bad ones at once and queues the rest, then returns None (the scheduler
-thread answers through each request's response sender, exactly once, with the FINAL flag; the
-model is not decoupled, so plain HTTP /infer and unary gRPC work); ``finalize`` drains the queue.
+One model class serves every process layout; its role is read from its config once, at
+``initialize`` (``role_of``):
+
+- **the one-process model** (no role parameter): decodes its requests and hands them to a
+  ``LocalOwner``, the scheduler and the engine in this process;
+- **a front** (parameter ``queue_owner``: the owner model's name): decodes its requests and hands
+  them to a ``RemoteOwner``, its GPU's queue owner in another process; the split layout runs
+  several fronts per owner, so that decoding and tokenizing scale with processes;
+- **a queue owner** (parameter ``serves``: the model whose files it runs): a ``LocalOwner`` served
+  to the fronts over a socket (``queue_owner.QueueOwner``). It is never meant to be asked: a
+  request Triton hands it is refused.
+
+``execute`` decodes each request, answers bad ones at once and submits the rest, then returns
+None: the owner answers through each request's response sender, exactly once, with the FINAL
+flag (the model is not decoupled, so plain HTTP /infer and unary gRPC work). ``finalize`` stops
+the owner, which drains its queue. docs/ARCHITECTURE.md says who owns what and what happens when
+a process dies.
 """
 
 from __future__ import annotations
@@ -23,14 +35,15 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend.contract import (
     NUM_TOKENS_OUTPUT,
+    OWNER_PARAMETER,
     PAIR_INPUT,
     REQUEST_INPUTS,
+    SERVES_PARAMETER,
     SHUTDOWN_DRAIN_S,
     TIMINGS_OUTPUT,
     Reason,
     ServeError,
 )
-from python_backend.cost_models import CostModel, LinearCost
 from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin, with_every_core
 from python_backend.decoding import (
     Limits,
@@ -41,13 +54,20 @@ from python_backend.decoding import (
     parse_options,
     unit_length,
 )
-from python_backend.engines import open_engine
-from python_backend.engines.base import Engine
-from python_backend.faults import FaultInjectingEngine, load_fault_spec
+from python_backend.engines.base import BucketLayout
 from python_backend.manifest import Manifest, load_manifest
 from python_backend.metrics import TritonMetrics
-from python_backend.scheduler import Answer, Outcome, Request, Scheduler
-from python_backend.settings import Settings, overlaps_forwards, settings_from_parameters
+from python_backend.owner_client import RemoteOwner
+from python_backend.owners import EngineSource, LocalOwner, Owner, open_local_owner
+from python_backend.queue_owner import (
+    QueueOwner,
+    clear_failure,
+    failure_file,
+    owner_endpoint,
+    record_failure,
+)
+from python_backend.records import Answer, Outcome, Request
+from python_backend.settings import Settings, settings_from_parameters
 from python_backend.stub_python import match_extension_modules
 from python_backend.tokenization import TextTokenizer
 
@@ -198,31 +218,6 @@ def request_decoder(
     )
 
 
-def planner_scheduler(
-    settings: Settings, manifest: Manifest, engine: Engine, metrics: Any, name: str
-) -> tuple[Scheduler, CostModel]:
-    """The scheduler (not started) over ``engine``, and the cost it plans with: the manifest's,
-    unless a setting overrides it. ``name``: the instance, in what the scheduler logs."""
-    cost = (
-        LinearCost(settings.overhead_tokens)
-        if settings.overhead_tokens is not None
-        else manifest.planner_cost()
-    )
-    scheduler = Scheduler(
-        engine,
-        pad_token_id=manifest.pad_token_id,
-        cost=cost,
-        max_batch=settings.max_batch or manifest.max_batch,
-        max_queue_rows=settings.max_queue_rows,
-        policy=settings.planner,
-        metrics=metrics,
-        overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
-        log=lambda message: pb_utils.Logger.log_warn(f"{name}: {message}"),
-        vocab_size=manifest.vocab_size,
-    )
-    return scheduler, cost
-
-
 def refusal(error: ServeError) -> Any:
     return _error_response(str(error), error.kind.triton_code)
 
@@ -243,25 +238,6 @@ def answer_response(output_name: str, outcome: Outcome, asked: Admission | None 
             tensors.append(pb_utils.Tensor(TIMINGS_OUTPUT, per_row))
         return pb_utils.InferenceResponse(output_tensors=tensors)
     return refusal(outcome)
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """What one instance serves with, built from its manifest and engine by ``wire``."""
-
-    settings: Settings
-    cost: CostModel  # the planner's: the manifest's, unless a setting overrides it
-    decoder: RequestDecoder
-    scheduler: Scheduler  # not started
-
-
-def wire(instance: InstanceArgs, manifest: Manifest, engine: Engine, metrics: Any) -> Wiring:
-    """The instance's settings, tokenizer, limits and scheduler: no Triton call, no I/O beyond
-    reading the tokenizer, so tests call it with a real manifest and a fake engine."""
-    settings = settings_from_parameters(instance.parameters, instance.model_name)
-    scheduler, cost = planner_scheduler(settings, manifest, engine, metrics, instance.instance_name)
-    decoder = request_decoder(instance, manifest, settings, engine.layout.longest_row)
-    return Wiring(settings=settings, cost=cost, decoder=decoder, scheduler=scheduler)
 
 
 def socket_dir() -> str:
@@ -286,107 +262,138 @@ def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
     return claim
 
 
-class EngineHost:
-    """What a model instance that holds the engine does with it: the one-process model and the
-    split layout's queue owner."""
+@dataclass(frozen=True)
+class Role:
+    """What a model instance is, from its config: a front of the queue owner ``owner``, the
+    queue owner of the model ``serves``, or (neither) the one-process model."""
 
-    instance_name: str
-    engine: Engine
-    pinned: Claim | None = None
+    owner: str = ""
+    serves: str = ""
 
-    def computes_on_cpu(self, manifest: Manifest) -> bool:
-        """Whether the engine's forwards take the CPU's cores (ONNX Runtime on the CPU): such a
-        process is never pinned to one of them, nor are its engine's threads."""
-        return not manifest.runs_on_gpu
 
-    def pin_engine_host(self, manifest: Manifest, setting: str) -> None:
-        """A core of its own for a process whose engine computes elsewhere (a GPU), where the
-        ``pin_cores`` setting asks. Called after the engine's load, so that the threads it
-        started are pinned too; claimed from the end of the cores, as the owners' are."""
-        if not self.computes_on_cpu(manifest):
-            self.pinned = pin_if_asked(setting, self.instance_name, owner=True)
+def role_of(parameters: dict[str, Any]) -> Role:
+    def value(key: str) -> str:
+        return str(parameters.get(key, {}).get("string_value", ""))
 
-    def open_engine(self, manifest: Any, version_dir: Path, device_id: int) -> Any:
-        """The model's engine on GPU ``device_id`` where it runs on one; bench repositories
-        override it with an emulated one."""
-        return open_engine(manifest, version_dir, device_id=device_id)
-
-    def load_engine(self, manifest: Manifest, version_dir: Path, device_id: int) -> Engine:
-        engine = self.open_engine(manifest, version_dir, device_id)
-        fault_spec = load_fault_spec(version_dir)  # test repositories only
-        if fault_spec:
-            engine = FaultInjectingEngine(engine, fault_spec)
-        self.engine = engine
-        return engine
-
-    def engine_line(
-        self, manifest: Manifest, device_id: int, planner: str, cost: Any, overlap: bool
-    ) -> str:
-        """The log line that says what this instance serves with."""
-        return (
-            f"{manifest.engine_kind} engine"
-            + (f" on GPU {device_id}" if manifest.runs_on_gpu else "")
-            + f", buckets {[b.length for b in manifest.buckets]}, planner {planner}, cost {cost}"
-            + (", forwards on an engine thread (overlap_forwards)" if overlap else "")
+    role = Role(owner=value(OWNER_PARAMETER), serves=value(SERVES_PARAMETER))
+    if role.owner and role.serves:
+        raise ValueError(
+            f"the model config sets both {OWNER_PARAMETER!r} (a front) and {SERVES_PARAMETER!r} "
+            "(a queue owner): rebuild the repository (make build)"
         )
-
-    def close_engine(self, drained: bool) -> None:
-        """After the scheduler stopped (``drained``: its verdict); gives its core back."""
-        if self.pinned is not None:
-            self.pinned.release()
-        if drained:
-            self.engine.close()
-        else:  # a forward still runs: closing the engine under it could crash the process
-            pb_utils.Logger.log_warn(
-                f"{self.instance_name}: a forward was still running {SHUTDOWN_DRAIN_S:.0f} s "
-                "into shutdown; the engine is left to the process exit"
-            )
+    return role
 
 
-class TritonPythonModel(EngineHost):
+class TritonPythonModel:
+    # where a local owner's engine comes from; bench repositories emulate a GPU's
+    engines = EngineSource()
+
     def initialize(self, args: dict[str, str]) -> None:
         instance = parse_args(args)
-        self.model_name, self.instance_name = instance.model_name, instance.instance_name
+        self.instance_name = instance.instance_name
+        role = role_of(instance.parameters)
+        self.fronts: QueueOwner | None = None
+        if role.serves:
+            self._serve_fronts(instance, role.serves)
+            return
+        settings = settings_from_parameters(instance.parameters, instance.model_name)
         manifest = load_manifest(instance.version_dir)
-        engine = self.load_engine(manifest, instance.version_dir, instance.device_id)
         self.output_name = manifest.output_name
-        self.metrics = TritonMetrics(pb_utils, self.model_name, self.instance_name)
-        wiring = wire(instance, manifest, engine, self.metrics)
-        self.settings, self.decoder, self.scheduler = (
-            wiring.settings,
-            wiring.decoder,
-            wiring.scheduler,
-        )
-        self.pin_engine_host(manifest, self.settings.pin_cores)
-        with_every_core(self.pinned, self.decoder.tokenizer.start_workers)
-        self.scheduler.start()
-        pb_utils.Logger.log_info(
-            f"{self.instance_name}: "
-            + self.engine_line(
-                manifest,
-                instance.device_id,
-                self.settings.planner,
-                wiring.cost,
-                wiring.scheduler.overlaps,
+        self.metrics = TritonMetrics(pb_utils, instance.model_name, self.instance_name)
+        self.front_pin: Claim | None = None
+        self.owner: Owner
+        if role.owner:
+            self.front_pin = pinned = pin_if_asked(settings.pin_cores, self.instance_name, False)
+            endpoint = owner_endpoint(socket_dir(), role.owner, instance.device_id)
+            self.owner = RemoteOwner(
+                endpoint,
+                manifest.output_dim,
+                log=pb_utils.Logger.log_warn,
+                tick=self.metrics.flush_if_due,
+                refused=self.metrics.refused,
+                failure_file=failure_file(endpoint),
             )
+            longest = BucketLayout.from_manifest(manifest).longest_row
+            serves_with = f"a front of {role.owner}, at {endpoint}"
+        else:
+            local = self._local_owner(instance, instance.version_dir, manifest, settings)
+            self.owner, pinned = local, local.pinned
+            longest = local.engine.layout.longest_row
+            serves_with = local.description
+        self.decoder = request_decoder(instance, manifest, settings, longest)
+        with_every_core(pinned, self.decoder.tokenizer.start_workers)
+        try:
+            self.owner.start()
+        except RuntimeError as err:
+            raise RuntimeError(f"{self.instance_name} ({role.owner!r}): {err}") from None
+        pb_utils.Logger.log_info(f"{self.instance_name}: {serves_with}")
+
+    def _local_owner(
+        self,
+        instance: InstanceArgs,
+        version_dir: Path,
+        manifest: Manifest,
+        settings: Settings,
+        responder: bool = True,
+    ) -> LocalOwner:
+        name = self.instance_name
+        return open_local_owner(
+            manifest,
+            version_dir,
+            instance.device_id,
+            settings,
+            self.metrics,
+            log=lambda message: pb_utils.Logger.log_warn(f"{name}: {message}"),
+            pin=lambda: pin_if_asked(settings.pin_cores, name, owner=True),
+            engines=self.engines,
+            responder=responder,
         )
 
-    def execute(self, requests: list[Any]) -> None:
+    def _serve_fronts(self, instance: InstanceArgs, served: str) -> None:
+        """The queue owner's role: a local owner of ``served``'s files, served to its fronts.
+        Where it fails to start, its fronts (waiting for it) are told why, then the load fails."""
+        endpoint = owner_endpoint(socket_dir(), instance.model_name, instance.device_id)
+        try:
+            # the served model's files, settings and metric labels: to a user, it is that model
+            version_dir = instance.version_dir.parent.parent / served / instance.version_dir.name
+            settings = settings_from_parameters(instance.parameters, served)
+            manifest = load_manifest(version_dir)
+            self.metrics = TritonMetrics(pb_utils, served, self.instance_name)
+            local = self._local_owner(instance, version_dir, manifest, settings, responder=False)
+            self.fronts = QueueOwner(
+                local, endpoint, manifest.output_dim, log=pb_utils.Logger.log_warn
+            )
+            self.fronts.start()
+        except Exception as err:
+            record_failure(endpoint, f"{type(err).__name__}: {err}")
+            raise
+        clear_failure(endpoint)
+        pb_utils.Logger.log_info(
+            f"{self.instance_name}: queue owner of {served} at {endpoint}: {local.description}"
+        )
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self.fronts is not None:
+            error = ServeError(
+                Reason.BAD_INPUTS,
+                f"{self.instance_name} is a queue owner, internal to its model: send requests "
+                "to the model it serves",
+            )
+            return [refusal(error) for _ in requests]
         admit_each(requests, self._admit, self.metrics, self.instance_name)
         return None
 
     def _admit(self, request: Any, sender: Any) -> None:
-        self.scheduler.submit(self._decode(request, sender))
-
-    def _decode(self, request: Any, sender: Any) -> Request:
         asked = self.decoder.decode(request)
         self.metrics.request_stage("tokenization", asked.tokenization_s)
-        return Request(
-            rows=asked.rows,
-            respond=partial(self._respond, sender, asked),
-            deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
-            is_cancelled=request.is_cancelled,
-            client=asked.client,
+        self.owner.submit(
+            Request(
+                rows=asked.rows,
+                respond=partial(self._respond, sender, asked),
+                deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
+                is_cancelled=request.is_cancelled,
+                client=asked.client,
+            )
         )
 
     def _respond(self, sender: Any, asked: Admission, outcome: Outcome) -> None:
@@ -394,5 +401,16 @@ class TritonPythonModel(EngineHost):
         if isinstance(outcome, Answer):
             self.metrics.request_stage("total", time.monotonic() - asked.started)
 
+    def is_model_ready(self) -> bool:
+        """Triton's readiness probe, where Triton asks it (later releases than 2.51): a front
+        is ready while its queue owner is connected."""
+        return self.fronts is not None or self.owner.ready()
+
     def finalize(self) -> None:
-        self.close_engine(self.scheduler.stop(SHUTDOWN_DRAIN_S))
+        if self.fronts is not None:
+            self.fronts.stop(SHUTDOWN_DRAIN_S)
+            return
+        self.owner.stop(SHUTDOWN_DRAIN_S)
+        self.metrics.flush()
+        if self.front_pin is not None:
+            self.front_pin.release()

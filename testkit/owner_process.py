@@ -10,6 +10,7 @@ import signal
 import threading
 
 from python_backend.cost_models import LinearCost
+from python_backend.owners import LocalOwner
 from python_backend.queue_owner import FRONT_SILENT_S, QueueOwner
 from python_backend.scheduler import Scheduler
 from testkit.fake_engine import FakeChecksumEngine, layout
@@ -28,7 +29,7 @@ def fake_owner(
         engine, 0, LinearCost(16), max_batch=8, max_queue_rows=1000, overlap=overlap
     )
     return QueueOwner(
-        scheduler,
+        LocalOwner(scheduler, engine, responder=False),
         endpoint,
         FakeChecksumEngine.output_dim,
         front_silent_s=FRONT_SILENT_S if front_silent_s is None else front_silent_s,

@@ -17,7 +17,8 @@ from bench.cost_tables import (
 from bench.sim.policies import make_policy
 from python_backend.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
-from python_backend.scheduler import Answer, Request, Scheduler
+from python_backend.records import Answer, Request
+from python_backend.scheduler import Scheduler
 
 # -- the simulation -----------------------------------------------------------------------------
 

@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 
 from python_backend.contract import Reason, ServeError
-from python_backend.owner_client import OwnerClient, StalledDrop
+from python_backend.owner_client import RemoteOwner
 from python_backend.owner_wire import (
     SUBMIT,
-    Answered,
-    Failed,
     WireError,
     decode_answers,
     decode_submit,
@@ -26,7 +24,7 @@ from python_backend.owner_wire import (
     encode_submit,
 )
 from python_backend.queue_owner import QueueOwner, owner_endpoint
-from python_backend.scheduler import Answer
+from python_backend.records import Answer, Request, never_cancelled
 from testkit.fake_engine import FakeChecksumEngine
 from testkit.owner_process import fake_owner
 
@@ -63,6 +61,25 @@ def endpoint(tmp_path):
     return owner_endpoint(str(tmp_path / "sockets"), "m", 0)
 
 
+def remote(endpoint, **kw) -> RemoteOwner:
+    """A front's handle on the owner at ``endpoint``, started: connected."""
+    client = RemoteOwner(endpoint, WIDTH, wait_s=WAIT_S, **kw)
+    client.start()
+    return client
+
+
+def submit(client, rows, respond, timeout_s=None, is_cancelled=never_cancelled, client_name=""):
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    client.submit(Request(rows, respond, deadline, is_cancelled, client_name))
+
+
+def wait_connected(client: RemoteOwner) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not client.ready():
+        assert time.monotonic() < deadline, "the owner never accepted the connection"
+        time.sleep(0.01)
+
+
 def rows_of(rng, n_rows):
     return [rng.integers(1, 30000, rng.integers(1, 60)).astype(np.int64) for _ in range(n_rows)]
 
@@ -71,66 +88,78 @@ def test_the_wire_round_trips_and_refuses_frames_that_disagree():
     rng = np.random.default_rng(0)
     requests = [rows_of(rng, k) for k in (1, 3, 2)]
     clients = ["10.0.0.7", "", "клиент"]
-    frames = encode_submit([7, 8, 9], requests, [0.5, float("nan"), 2.0], clients)
+    now = 100.0
+    sent = [
+        Request(rows, never_cancelled, deadline, never_cancelled, client)
+        for rows, deadline, client in zip(requests, [100.5, None, 102.0], clients, strict=True)
+    ]
+    frames = encode_submit([7, 8, 9], sent, now)
     assert bytes(frames[0]) == SUBMIT
-    decoded = decode_submit(frames)
-    assert [d.request_id for d in decoded] == [7, 8, 9]
-    assert [d.timeout_s for d in decoded] == [0.5, None, 2.0]
+    bound = []
+
+    def bind(rid):
+        bound.append(rid)
+        return (lambda outcome: None), (lambda: rid == 8)
+
+    decoded = decode_submit(frames, 50.0, bind)  # the receiver's clock: deadlines move with it
+    assert bound == [7, 8, 9]
+    assert [d.deadline for d in decoded] == [50.5, None, 52.0]
     assert [d.client for d in decoded] == clients
+    assert [d.is_cancelled() for d in decoded] == [False, True, False]
     bad_names = list(frames)
     bad_names[7] = b"\xff" * len(bytes(frames[7]))
     with pytest.raises(WireError, match="not UTF-8"):
-        decode_submit(bad_names)
+        decode_submit(bad_names, now, bind)
     bad_names[6] = np.asarray([1, 1, 1], np.int32).tobytes()
     with pytest.raises(WireError, match="client names' lengths"):
-        decode_submit(bad_names)
+        decode_submit(bad_names, now, bind)
     for d, rows in zip(decoded, requests, strict=True):
         assert len(d.rows) == len(rows)
-        for got, sent in zip(d.rows, rows, strict=True):
-            assert got.dtype == np.int64 and np.array_equal(got, sent)
+        for got, sent_row in zip(d.rows, rows, strict=True):
+            assert got.dtype == np.int64 and np.array_equal(got, sent_row)
     torn = list(frames)
     torn[4] = np.asarray([1, 2], np.int32).tobytes()  # two row lengths for six rows
     with pytest.raises(WireError, match="lengths"):
-        decode_submit(torn)
+        decode_submit(torn, now, bind)
     torn[4] = b"abc"  # not a whole number of int32
     with pytest.raises(WireError, match="whole number"):
-        decode_submit(torn)
+        decode_submit(torn, now, bind)
 
     outputs = rng.random((3, WIDTH), dtype=np.float32)
     answer_frames = encode_answers(
-        [Answered(7, outputs, np.asarray([4, 5, 6], np.int32), 0.25, 0.125)],
-        [Failed(8, ServeError(Reason.TIMEOUT, "late"))],
+        [
+            (8, ServeError(Reason.TIMEOUT, "late")),
+            (7, Answer(outputs, np.asarray([4, 5, 6], np.int32), 0.25, 0.125)),
+        ],
         WIDTH,
     )
-    answered, failed = decode_answers(answer_frames, WIDTH)
-    assert answered[0].request_id == 7 and np.array_equal(answered[0].outputs, outputs)
-    assert answered[0].num_tokens.tolist() == [4, 5, 6]
-    assert (answered[0].queue_s, answered[0].inference_s) == (0.25, 0.125)
+    (rid, answer), (failed_id, error) = decode_answers(answer_frames, WIDTH)
+    assert rid == 7 and isinstance(answer, Answer) and np.array_equal(answer.outputs, outputs)
+    assert answer.num_tokens.tolist() == [4, 5, 6]
+    assert (answer.queue_s, answer.inference_s) == (0.25, 0.125)
     with pytest.raises(WireError, match="times for 1 answered"):
         decode_answers([*answer_frames[:6], answer_frames[6][:8]], WIDTH)
-    assert failed[0].request_id == 8 and failed[0].error.reason is Reason.TIMEOUT
-    assert str(failed[0].error) == "late"
+    assert failed_id == 8 and isinstance(error, ServeError) and error.reason is Reason.TIMEOUT
+    assert str(error) == "late"
     with pytest.raises(WireError, match="width"):
         decode_answers(answer_frames, WIDTH + 1)
     # a message of failures only (no outputs at all), and an empty one
-    only_failed = encode_answers([], [Failed(9, ServeError(Reason.CANCELLED, "gone"))], WIDTH)
-    assert decode_answers(only_failed, WIDTH)[0] == []
-    assert [f.request_id for f in decode_answers(only_failed, WIDTH)[1]] == [9]
-    assert decode_submit(encode_submit([], [], [])) == []
+    only_failed = encode_answers([(9, ServeError(Reason.CANCELLED, "gone"))], WIDTH)
+    ((rid, error),) = decode_answers(only_failed, WIDTH)
+    assert rid == 9 and error.reason is Reason.CANCELLED
+    assert decode_submit(encode_submit([], [], now), now, bind) == []
 
 
 def test_every_request_gets_its_own_rows_outputs_once(endpoint):
     owner = fake_owner(endpoint)
     owner.start()
-    client = OwnerClient(endpoint, WIDTH)
-    client.start()
+    client = remote(endpoint)
     try:
-        assert client.wait_connected(WAIT_S)
         rng = np.random.default_rng(1)
         sent = {k: rows_of(rng, int(rng.integers(1, 5))) for k in range(300)}
         answers = Answers()
         for k, rows in sent.items():
-            client.submit(rows, answers.respond_for(k), timeout_s=30.0)
+            submit(client, rows, answers.respond_for(k), timeout_s=30.0)
         answers.wait(len(sent))
         for k, rows in sent.items():
             outcome = answers.outcomes[k]
@@ -140,25 +169,23 @@ def test_every_request_gets_its_own_rows_outputs_once(endpoint):
             assert outcome.num_tokens.tolist() == [len(r) for r in rows]
     finally:
         client.stop()
-        assert owner.stop(5.0)
+        owner.stop(5.0)
 
 
 def test_a_cancelled_request_is_dropped_before_its_forward_and_a_deadline_holds(endpoint):
     gate = threading.Event()
     owner = fake_owner(endpoint, gate)
     owner.start()
-    client = OwnerClient(endpoint, WIDTH, cancel_poll_s=0.01)
-    client.start()
+    client = remote(endpoint, cancel_poll_s=0.01)
     try:
-        assert client.wait_connected(WAIT_S)
         answers = Answers()
-        client.submit([np.arange(1, 10)], answers.respond_for(0))  # holds the engine
-        engine = owner.scheduler.engine
+        submit(client, [np.arange(1, 10)], answers.respond_for(0))  # holds the engine
+        engine = owner.owner.scheduler.engine
         assert engine.wait_for_calls(1)
         gone = threading.Event()
-        client.submit([np.arange(1, 40)], answers.respond_for(1), is_cancelled=gone.is_set)
-        client.submit([np.arange(1, 50)], answers.respond_for(2), timeout_s=0.0)
-        client.submit([np.arange(1, 20)], answers.respond_for(3))
+        submit(client, [np.arange(1, 40)], answers.respond_for(1), is_cancelled=gone.is_set)
+        submit(client, [np.arange(1, 50)], answers.respond_for(2), timeout_s=0.0)
+        submit(client, [np.arange(1, 20)], answers.respond_for(3))
         gone.set()
         time.sleep(0.2)  # the client's poll (10 ms) tells the owner before the gate opens
         gate.set()
@@ -186,28 +213,33 @@ def start_owner_process(endpoint: str, blocked: bool, overlap: bool = False) -> 
 
 
 def test_no_owner_then_a_killed_owner_then_a_new_one(endpoint):
-    client = OwnerClient(endpoint, WIDTH)
-    client.start()
+    refused = []
+    client = RemoteOwner(endpoint, WIDTH, wait_s=WAIT_S, refused=refused.append)
+    starting = threading.Thread(target=client.start)  # as a front's load waits for its owner
+    starting.start()
     answers = Answers()
     owner = None
     try:
-        client.submit([np.arange(1, 5)], answers.respond_for(0))
+        submit(client, [np.arange(1, 5)], answers.respond_for(0))
         answers.wait(1)
         assert answers.outcomes[0].reason is Reason.OWNER_LOST  # at once: no owner runs
 
         owner = start_owner_process(endpoint, blocked=True)
-        assert client.wait_connected(WAIT_S)
+        starting.join(WAIT_S)
+        assert client.ready()
         for k in range(1, 21):
-            client.submit([np.arange(1, 5 + k)], answers.respond_for(k))
+            submit(client, [np.arange(1, 5 + k)], answers.respond_for(k))
         time.sleep(0.3)
         owner.kill()
         owner.wait()
         answers.wait(21)
         assert {answers.outcomes[k].reason for k in range(1, 21)} == {Reason.OWNER_LOST}
+        # the owner never counted these: the front's handle did, each once
+        assert refused == [Reason.OWNER_LOST] * 21
 
         owner = start_owner_process(endpoint, blocked=False)
-        assert client.wait_connected(WAIT_S)
-        client.submit([np.arange(1, 9)], answers.respond_for(21))
+        wait_connected(client)
+        submit(client, [np.arange(1, 9)], answers.respond_for(21))
         answers.wait(22)
         assert isinstance(answers.outcomes[21], Answer)
         assert answers.outcomes[21].outputs[0, 0] == np.arange(1, 9).sum()
@@ -218,24 +250,24 @@ def test_no_owner_then_a_killed_owner_then_a_new_one(endpoint):
             owner.wait(10)
 
 
-def gated(endpoint, **kw) -> tuple[threading.Event, QueueOwner, OwnerClient]:
-    """An owner whose engine waits at a gate, and a front's client, started."""
+def gated(endpoint, **kw) -> tuple[threading.Event, QueueOwner, RemoteOwner]:
+    """An owner whose engine waits at a gate, and a front's handle on it, both started."""
     gate = threading.Event()
     owner = fake_owner(endpoint, gate, **kw)
     owner.start()
-    client = OwnerClient(endpoint, WIDTH)
+    refused: list[Reason] = []
+    client = remote(endpoint, refused=refused.append)
+    client.refused_here = refused
     return gate, owner, client
 
 
 def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(endpoint):
     gate, owner, client = gated(endpoint, front_silent_s=0.3)
     try:
-        client.start()
-        assert client.wait_connected(WAIT_S)
         answers = Answers()
-        client.submit([np.arange(1, 9)], answers.respond_for(0))  # holds the engine
-        assert owner.scheduler.engine.wait_for_calls(1)
-        client.submit([np.arange(1, 60)], answers.respond_for(1))
+        submit(client, [np.arange(1, 9)], answers.respond_for(0))  # holds the engine
+        assert owner.owner.scheduler.engine.wait_for_calls(1)
+        submit(client, [np.arange(1, 60)], answers.respond_for(1))
         time.sleep(0.2)
         owner._last_heard[client.identity] = -1e9  # as if the front had been stopped for long
         deadline = time.monotonic() + WAIT_S  # the I/O thread marks its tickets a moment later
@@ -248,8 +280,8 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
         assert answers.outcomes[1].reason is Reason.OWNER_LOST
         assert "stalled" in str(answers.outcomes[1])
         # the owner counted it (cancelled): the front must not count it again
-        assert isinstance(answers.outcomes[1], StalledDrop)
-        assert all(length != 64 for _, length in owner.scheduler.engine.calls)
+        assert client.refused_here == []
+        assert all(length != 64 for _, length in owner.owner.scheduler.engine.calls)
     finally:
         client.stop()
         owner.stop(5.0)
@@ -258,42 +290,42 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
 def test_a_front_waiting_for_its_owner_fails_at_once_with_the_owners_reason(endpoint):
     from python_backend.queue_owner import clear_failure, failure_file, record_failure
 
-    client = OwnerClient(endpoint, WIDTH)
-    client.start()
+    def front(wait_s: float) -> RemoteOwner:
+        return RemoteOwner(endpoint, WIDTH, wait_s=wait_s, failure_file=failure_file(endpoint))
+
+    with pytest.raises(RuntimeError, match="did not accept a connection"):
+        front(0.3).start()
+    record_failure(endpoint, "EngineError: out of memory loading the plan")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed to start: EngineError: out of memory"):
+        front(60.0).start()
+    assert time.monotonic() - started < 5
+    clear_failure(endpoint)  # as an owner that starts does
+    owner = fake_owner(endpoint)
+    owner.start()
+    client = front(WAIT_S)
     try:
-        with pytest.raises(RuntimeError, match="did not accept a connection"):
-            client.wait_for_owner(0.3, failure_file(endpoint))
-        record_failure(endpoint, "EngineError: out of memory loading the plan")
-        started = time.monotonic()
-        with pytest.raises(RuntimeError, match="failed to start: EngineError: out of memory"):
-            client.wait_for_owner(60.0, failure_file(endpoint))
-        assert time.monotonic() - started < 5
-        clear_failure(endpoint)  # as an owner that starts does
-        owner = fake_owner(endpoint)
-        owner.start()
-        try:
-            client.wait_for_owner(WAIT_S, failure_file(endpoint))
-        finally:
-            owner.stop(5.0)
+        client.start()
+        assert client.ready()
     finally:
         client.stop()
+        owner.stop(5.0)
 
 
 def test_the_client_name_crosses_to_the_owners_queue(endpoint):
     gate, owner, client = gated(endpoint)
     try:
-        client.start()
-        assert client.wait_connected(WAIT_S)
         answers = Answers()
-        client.submit([np.arange(1, 9)], answers.respond_for(0), client="a")  # holds the engine
-        assert owner.scheduler.engine.wait_for_calls(1)
-        client.submit([np.arange(1, 9)] * 3, answers.respond_for(1), client="b")
-        client.submit([np.arange(1, 9)], answers.respond_for(2), client="a")
+        submit(client, [np.arange(1, 9)], answers.respond_for(0), client_name="a")  # holds it
+        scheduler = owner.owner.scheduler
+        assert scheduler.engine.wait_for_calls(1)
+        submit(client, [np.arange(1, 9)] * 3, answers.respond_for(1), client_name="b")
+        submit(client, [np.arange(1, 9)], answers.respond_for(2), client_name="a")
         deadline = time.monotonic() + WAIT_S
-        while owner.scheduler.queued_rows < 4:
+        while scheduler.queued_rows < 4:
             assert time.monotonic() < deadline, "the requests never reached the owner's queue"
             time.sleep(0.01)
-        queue = owner.scheduler._queue
+        queue = scheduler._queue
         assert (queue.rows_of("a"), queue.rows_of("b"), queue.clients) == (1, 3, 2)
         gate.set()
         answers.wait(3)
@@ -335,13 +367,11 @@ def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
     an id outside the vocabulary is refused before the engine sees it, and the split that
     follows leaves that row failing alone. The requests beside them are answered."""
     owner = fake_owner(endpoint)
-    owner.scheduler.vocab_size = 30000
-    longest = owner.scheduler.layout.longest_row
+    owner.owner.scheduler.vocab_size = 30000
+    longest = owner.owner.scheduler.layout.longest_row
     owner.start()
-    client = OwnerClient(endpoint, WIDTH)
-    client.start()
+    client = remote(endpoint)
     try:
-        assert client.wait_connected(WAIT_S)
         fine = [np.arange(1, 9, dtype=np.int64)]
         sent = {
             "fine": fine,
@@ -352,7 +382,7 @@ def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
         }
         answers = Answers()
         for k, rows in sent.items():
-            client.submit(rows, answers.respond_for(k), timeout_s=30.0)
+            submit(client, rows, answers.respond_for(k), timeout_s=30.0)
         answers.wait(len(sent))
         for k in ("fine", "also fine"):
             assert isinstance(answers.outcomes[k], Answer), answers.outcomes[k]

@@ -24,5 +24,5 @@ def overlapped_owners(monkeypatch):
 
 def test_the_owners_here_overlap_their_forwards(tmp_path):
     # the tests collected above are only worth running twice if their owners really overlap
-    assert owner_tests.fake_owner(f"ipc://{tmp_path}/owner.sock").scheduler.overlaps
+    assert owner_tests.fake_owner(f"ipc://{tmp_path}/owner.sock").owner.scheduler.overlaps
     assert owner_tests.start_owner_process.keywords == {"overlap": True}

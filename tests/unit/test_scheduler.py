@@ -9,14 +9,8 @@ import pytest
 from python_backend.contract import ErrorKind, Reason, ServeError
 from python_backend.cost_models import LinearCost
 from python_backend.planner import PLANNERS
-from python_backend.scheduler import (
-    Answer,
-    Policy,
-    PolicyPlan,
-    Request,
-    Scheduler,
-    SchedulerMetrics,
-)
+from python_backend.records import Answer, Request
+from python_backend.scheduler import Policy, PolicyPlan, Scheduler, SchedulerMetrics
 from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 

@@ -95,7 +95,6 @@ def test_a_variant_of_a_gpu_model_keeps_its_instances(tmp_path):
 def test_a_split_build_writes_fronts_and_their_owner_and_a_plain_rebuild_removes_it(tmp_path):
     from builder.build import Progress, write_entry
     from builder.spec import BuildSpec
-    from builder.triton_config import FRONT_MODEL_PY, OWNER_MODEL_PY
     from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
     from testkit.fake_engine import layout, manifest_for
 
@@ -110,13 +109,13 @@ def test_a_split_build_writes_fronts_and_their_owner_and_a_plain_rebuild_removes
     assert [(g.kind, g.count) for g in front.instance_group] == [
         (mc.ModelInstanceGroup.KIND_CPU, 3)
     ]
-    assert (version / "model.py").read_text() == FRONT_MODEL_PY
+    assert (version / "model.py").read_text() == MODEL_PY  # one entry point, every role
     assert owner.parameters[SERVES_PARAMETER].string_value == "m" and owner.max_batch_size == 0
     assert [(g.kind, g.count) for g in owner.instance_group] == [
         (mc.ModelInstanceGroup.KIND_CPU, 1)
     ]
     assert not owner.input, "the owner is fed by its fronts' socket, not by Triton"
-    assert (tmp_path / "m_owner" / "1" / "model.py").read_text() == OWNER_MODEL_PY
+    assert (tmp_path / "m_owner" / "1" / "model.py").read_text() == MODEL_PY
     # the settings reach the owner's scheduler: its parameters block has them all
     assert set(front.parameters) - {OWNER_PARAMETER} == set(owner.parameters) - {SERVES_PARAMETER}
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from builder.build import default_model_dir
 from python_backend.cost_models import LinearCost
 from python_backend.faults import FaultInjectingEngine, write_fault_spec
+from python_backend.owners import EngineSource
 from testkit.fake_engine import FakeChecksumEngine, layout, manifest_for
 from testkit.recording_pb_utils import FakeRequest, RecordingPbUtils, text_request
 
@@ -27,27 +29,35 @@ def pb(monkeypatch):
     return recorder
 
 
-def load_model(pb, monkeypatch, tmp_path, engine, parameters=None, instance_args=None):
+def load_model(
+    pb, monkeypatch, tmp_path, engine, parameters=None, instance_args=None, name="m", fails=None
+):
+    """The model class in the role its ``parameters`` give it, loaded from ``tmp_path`` (the
+    model's folder, ``name``'s, in the repository) over ``engine``; its engine's load raises
+    ``fails`` where given."""
     import python_backend.triton_model as triton_model
 
     version = tmp_path / "1"
-    version.mkdir(exist_ok=True)
+    version.mkdir(parents=True, exist_ok=True)
     shutil.copy(default_model_dir() / "tokenizer.json", version / "tokenizer.json")
     manifest = manifest_for(engine.layout, max_batch=8)
     monkeypatch.setattr(triton_model, "load_manifest", lambda _: manifest)
     opened_on = []
 
-    def open_engine(_manifest, _version_dir, device_id=0):
-        opened_on.append(device_id)
-        return engine
+    class Engines(EngineSource):
+        def open(self, _manifest, _version_dir, device_id):
+            opened_on.append(device_id)
+            if fails is not None:
+                raise fails
+            return engine
 
-    monkeypatch.setattr(triton_model, "open_engine", open_engine)
     config = {
-        "name": "m",
+        "name": name,
         "max_batch_size": 64,
         "parameters": {k: {"string_value": v} for k, v in (parameters or {}).items()},
     }
     model = triton_model.TritonPythonModel()
+    model.engines = Engines()
     model.initialize(
         {
             "model_config": json.dumps(config),
@@ -133,7 +143,7 @@ def test_a_test_repository_file_turns_on_fault_injection(pb, monkeypatch, tmp_pa
     write_fault_spec(tmp_path / "1", "poison_token=2023")
     model = load_model(pb, monkeypatch, tmp_path, ClosingEngine(layout(max_length=64)))
     try:
-        assert isinstance(model.engine, FaultInjectingEngine)
+        assert isinstance(model.owner.engine, FaultInjectingEngine)
         request = FakeRequest({"INPUT_IDS": np.array([[101, 2023, 102]], dtype=np.int64)})
         model.execute([request])
         assert request.answered.wait(5)
@@ -156,7 +166,7 @@ def test_without_that_file_no_setting_turns_faults_on(pb, monkeypatch, tmp_path)
         {"fault_injection": "poison_token=2023"},
     )
     try:
-        assert not isinstance(model.engine, FaultInjectingEngine)
+        assert not isinstance(model.owner.engine, FaultInjectingEngine)
     finally:
         model.finalize()
 
@@ -215,16 +225,29 @@ def test_a_bug_in_decoding_costs_one_request_and_tells_the_client_no_internals(
         model.finalize()
 
 
-def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp_path):
+def wire(instance, manifest, engine):
+    """An instance's scheduler, the cost it plans with and its decoder, as initialize builds
+    them: from a manifest and the config's parameters, with no Triton call."""
+    from python_backend.owners import planning_scheduler
+    from python_backend.settings import settings_from_parameters
+    from python_backend.triton_model import request_decoder
+
+    settings = settings_from_parameters(instance.parameters, instance.model_name)
+    scheduler, cost = planning_scheduler(settings, manifest, engine, None, print)
+    decoder = request_decoder(instance, manifest, settings, engine.layout.longest_row)
+    return scheduler, cost, decoder
+
+
+def test_an_instance_is_built_from_a_real_manifest_and_its_parameters(pb, tmp_path):
     from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
-    from python_backend.triton_model import InstanceArgs, wire
+    from python_backend.triton_model import InstanceArgs
 
     shutil.copy(default_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
     engine = FakeChecksumEngine(layout(max_length=64))
     instance = InstanceArgs("m", "m_0_0", tmp_path, 0, 64, {})
-    plain = wire(instance, manifest_for(engine.layout, max_batch=8), engine, None)
-    assert plain.cost == LinearCost(64) and plain.scheduler.layout.max_batch == 8
-    assert plain.decoder.limits.max_length == 64 and not plain.decoder.limits.pairs
+    scheduler, cost, decoder = wire(instance, manifest_for(engine.layout, max_batch=8), engine)
+    assert cost == LinearCost(64) and scheduler.layout.max_batch == 8
+    assert decoder.limits.max_length == 64 and not decoder.limits.pairs
     pairs = manifest_for(
         engine.layout, family="reranker", input_names=(*ENGINE_INPUTS, TOKEN_TYPE_INPUT)
     )
@@ -232,9 +255,9 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
         "m", "m_0_0", tmp_path, 0, 64,
         {"overhead_tokens": {"string_value": "300"}, "max_batch": {"string_value": "4"}},
     )  # fmt: skip
-    wired = wire(overridden, pairs, engine, None)
-    assert wired.cost == LinearCost(300) and wired.scheduler.layout.max_batch == 4
-    assert wired.decoder.limits.pairs
+    scheduler, cost, decoder = wire(overridden, pairs, engine)
+    assert cost == LinearCost(300) and scheduler.layout.max_batch == 4
+    assert decoder.limits.pairs
 
 
 @pytest.mark.parametrize(
@@ -249,7 +272,7 @@ def test_wire_builds_an_instance_from_a_real_manifest_and_its_parameters(pb, tmp
 def test_forwards_overlap_where_the_engine_runs_on_a_gpu_or_where_asked(
     pb, tmp_path, engine_kind, setting, overlaps
 ):
-    from python_backend.triton_model import InstanceArgs, wire
+    from python_backend.triton_model import InstanceArgs
 
     shutil.copy(default_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
     engine = FakeChecksumEngine(layout(max_length=64))
@@ -261,7 +284,7 @@ def test_forwards_overlap_where_the_engine_runs_on_a_gpu_or_where_asked(
     instance = InstanceArgs(
         "m", "m_0_0", tmp_path, 0, 64, {"overlap_forwards": {"string_value": setting}}
     )
-    assert wire(instance, manifest, engine, None).scheduler.overlaps is overlaps
+    assert wire(instance, manifest, engine)[0].overlaps is overlaps
 
 
 class DeclaredOnly:
@@ -336,8 +359,109 @@ def test_a_gpu_instance_is_pinned_where_asked_and_a_cpu_engine_never(
     monkeypatch.setattr(sys.modules[__name__], "manifest_for", gpu_manifest)
     model = load_model(pb, monkeypatch, tmp_path, engine, {"pin_cores": setting})
     assert asked == ([True] if pinned else [])  # claimed from the end, as an owner is
-    assert (model.pinned is not None) == pinned
+    assert (model.owner.pinned is not None) == pinned
     model.finalize()
     if pinned:
         with pytest.raises(OSError):  # its claim is given back with the engine
-            os.fstat(model.pinned.fd)
+            os.fstat(model.owner.pinned.fd)
+
+
+@pytest.fixture
+def split(pb, monkeypatch, tmp_path):
+    """A front and its queue owner as Triton loads them: the one model class in two roles, each
+    told its role by its config, over a fake engine, across a real socket."""
+    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+
+    monkeypatch.setenv("PLANNER_SOCKET_DIR", str(tmp_path / "sockets"))
+    engine = ClosingEngine(layout(max_length=64))
+    (tmp_path / "m").mkdir()
+    owner = load_model(
+        pb, monkeypatch, tmp_path / "m_owner", engine, {SERVES_PARAMETER: "m"}, name="m_owner"
+    )
+    front = load_model(
+        pb, monkeypatch, tmp_path / "m", engine, {OWNER_PARAMETER: "m_owner"}, name="m"
+    )
+    yield front, owner, engine
+    front.finalize()
+    owner.finalize()
+
+
+def test_a_front_serves_through_its_queue_owner_in_another_role(pb, split):
+    """What a front decodes crosses to the owner's engine and back: each request gets its own
+    rows' outputs; a bad one is refused by the front at once; the owner closes its engine."""
+    front, owner, engine = split
+    assert owner.opened_on == [0] and front.opened_on == []  # only the owner holds the engine
+    requests = [text_request(*[f"row {k} of request {j}" for k in range(j + 1)]) for j in range(6)]
+    bad = text_request("fine", "")
+    assert front.execute([*requests, bad]) is None
+    ((response, _),) = bad.sent
+    assert response.error.code == "INVALID_ARG" and "TEXT row 1 is empty" in response.error.message
+    for request in requests:
+        assert request.answered.wait(5)
+        ((response, flags),) = request.sent
+        assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL and response.error is None
+        tokens = response.outputs["NUM_TOKENS"][:, 0]
+        # the fake engine's output: (sum of ids, number of real tokens, padded length)
+        assert response.outputs["EMBEDDING"][:, 1].tolist() == tokens.tolist()
+        assert len(tokens) == len(request.inputs["TEXT"]) and engine.calls
+    assert front.is_model_ready()
+    owner.finalize()
+    assert engine.closed.is_set()
+
+
+def test_a_front_answers_503_once_its_owner_is_gone_and_counts_it(pb, split):
+    front, owner, _ = split
+    owner.finalize()
+    deadline = time.monotonic() + 5
+    while front.is_model_ready():  # the socket's monitor reports the disconnection
+        assert time.monotonic() < deadline, "the front never saw its owner go"
+        time.sleep(0.01)
+    request = text_request("nobody to run this")
+    front.execute([request])
+    assert request.answered.wait(5)
+    ((response, _),) = request.sent
+    assert response.error.code == "UNAVAILABLE" and "queue owner" in response.error.message
+    front.metrics.flush()
+    refused = [c for c in pb.calls if c[1] == "planner_refused_total"]
+    assert [dict(c[2])["reason"] for c in refused] == ["owner_lost"]
+
+
+def test_a_request_triton_hands_the_owner_is_refused(pb, split):
+    _, owner, _ = split
+    (response,) = owner.execute([text_request("misrouted")])
+    assert response.error.code == "INVALID_ARG" and "queue owner" in response.error.message
+
+
+def test_a_front_fails_its_load_with_the_reason_its_owner_failed(pb, monkeypatch, tmp_path):
+    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+
+    monkeypatch.setenv("PLANNER_SOCKET_DIR", str(tmp_path / "sockets"))
+
+    (tmp_path / "m").mkdir()
+    with pytest.raises(MemoryError):
+        load_model(
+            pb, monkeypatch, tmp_path / "m_owner", ClosingEngine(layout()), {SERVES_PARAMETER: "m"},
+            name="m_owner", fails=MemoryError("out of memory loading the plan"),
+        )  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed to start: MemoryError: out of memory"):
+        load_model(
+            pb, monkeypatch, tmp_path / "m", ClosingEngine(layout()), {OWNER_PARAMETER: "m_owner"}
+        )
+    assert time.monotonic() - started < 5  # at once, not at the front's 600 s wait
+
+
+def test_a_config_with_both_roles_is_refused_naming_the_rebuild(pb, monkeypatch, tmp_path):
+    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+
+    both = {OWNER_PARAMETER: "m_owner", SERVES_PARAMETER: "m"}
+    with pytest.raises(ValueError, match="make build"):
+        load_model(pb, monkeypatch, tmp_path, ClosingEngine(layout()), both)
+
+
+def test_repositories_built_before_the_one_model_class_still_load(pb):
+    """Their front and owner model.py files import these names."""
+    from python_backend.split_models import FrontModel, OwnerModel
+    from python_backend.triton_model import TritonPythonModel
+
+    assert FrontModel is TritonPythonModel and OwnerModel is TritonPythonModel
