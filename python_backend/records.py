@@ -1,6 +1,7 @@
 """The records of one request and its answer: what every owner takes and gives back, whether it
 runs in the model's own process (``owners.LocalOwner``) or in a queue owner across a socket
-(``owner_client.RemoteOwner``, ``owner_wire``).
+(``owner_client.RemoteOwner``, ``owner_wire``); and the scheduler's own records of a queued
+request (``Admitted``), one of its rows (``RowRef``) and a planned forward (``Forward``).
 
 They are plain slotted dataclasses, not frozen ones: a frozen dataclass's __init__ sets each field
 through object.__setattr__, about 3x slower, and building records was a fifth of the queue owner's
@@ -9,12 +10,15 @@ CPU (docs/ARCHITECTURE.md). Nothing changes them after they are made.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from python_backend.contract import ServeError
+
+_CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
 
 
 @dataclass(eq=False, slots=True)
@@ -44,3 +48,60 @@ class Request:
     deadline: float | None = None  # time.monotonic() after which it must not start computing
     is_cancelled: Callable[[], bool] = never_cancelled  # asked before it costs anything
     client: str = ""  # who sent it: the queue is shared between clients (fair_queue)
+
+
+@dataclass(eq=False, slots=True)
+class Admitted:
+    """The scheduler's record of one queued request: its progress, which only the step changes."""
+
+    request: Request
+    arrival: int  # order of arrival (0, 1, 2, ...): ties in age break by it
+    arrived_at: float  # clock time of submit: the request's age is now - arrived_at
+    outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
+    remaining: int = 0  # rows still to compute
+    started_at: float | None = None  # clock time its first forward started
+    done: bool = False  # answered (either way)
+    # row i computed: 1; None while none is (a step cut short queues the rest again)
+    computed: bytearray | None = None
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.request.rows)
+
+    def rows_to_run(self) -> range | list[int]:
+        """Indices of the rows not computed yet."""
+        if self.computed is None:
+            return range(len(self.request.rows))
+        return [i for i, done in enumerate(self.computed) if not done]
+
+    def claim(self) -> bool:
+        """Marks the request answered; False if it already was (the one answer is sent once).
+        One lock for every request: claims are rare and short, and a lock per request would cost
+        more to make than all its claims to take."""
+        with _CLAIM_LOCK:
+            if self.done:
+                return False
+            self.done = True
+            return True
+
+
+@dataclass(eq=False, slots=True)
+class RowRef:
+    """One row of one admitted request."""
+
+    owner: Admitted
+    index: int  # the row's index within its request
+    num_tokens: int  # its length: len(ids)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.owner.request.rows[self.index]
+
+
+@dataclass(eq=False, slots=True)
+class Forward:
+    """One planned forward: plain data."""
+
+    padded_length: int  # T: every row runs padded to this length (>= each row's tokens)
+    rows: tuple[RowRef, ...]  # at most the layout's cap at T, in arrival order
+    oldest_arrival: int  # arrival order of the oldest request served: forwards run oldest first
+    oldest_arrived_at: float  # when that request arrived: the forward's age is now - this

@@ -11,12 +11,14 @@ A step:
 2. ``admit``: cancelled requests and those whose deadline has passed are answered before they
    cost anything;
 3. ``plan``: the policy sees every row with its length and its request's arrival time and the
-   step's ``now``, and returns forwards (plain data: padded length, rows, age). A policy may leave
-   rows waiting (``PolicyPlan.waiting``), which go back to the front of the queue; the policies here run
-   everything at once, with the DP planner or the per-bucket baseline;
+   step's ``now``, and returns forwards (plain data: padded length, rows, age; ``policy``). A
+   policy may leave rows waiting (``PolicyPlan.waiting``), which go back to the front of the
+   queue; the served policies run everything at once, with the DP planner or the per-bucket
+   baseline;
 4. forwards run oldest first (a forward is as old as the oldest request it serves), so the request
-   that waited longest completes first; each forward is ``execute``d (pad, run) and ``complete``d
-   (scatter its outputs, answer each request whose last row is done);
+   that waited longest completes first; each forward is ``run`` (padded, handed to the runner
+   chosen at the start, inline or overlapped: ``runners``) and ``complete``d (its outputs
+   scattered, each request whose last row is done answered);
 5. answers leave through a responder thread when one runs, so the next forward never waits on a
    send. Requests that arrive meanwhile wait for the next step: a request waits at most for the
    step in flight and then its own, and nothing starves behind newcomers.
@@ -34,134 +36,20 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from python_backend.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.cost_models import CostModel
-from python_backend.engines.base import BucketLayout, Engine, pad_rows, run_padded, run_rows
+from python_backend.engines.base import BucketLayout, Engine, pad_rows
 from python_backend.fair_queue import FairQueue
-from python_backend.planner import (
-    PLANNERS,
-    Group,
-    PlanLayout,
-    Planner,
-    per_bucket_cost,
-    plan_cost,
-)
-from python_backend.records import Answer, Outcome, Request
+from python_backend.planner import Group, per_bucket_cost, plan_cost
+from python_backend.policy import BudgetLayout, Policy, QueuedRows, policy_named
+from python_backend.records import Admitted, Answer, Forward, Outcome, Request, RowRef
+from python_backend.runners import Ran, finite_rows, runner_for
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
-_CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
-
-
-# The records made per row (RowRef, Forward) are plain slotted dataclasses, for the reason
-# python_backend.records gives.
-
-
-@dataclass(eq=False, slots=True)
-class Admitted:
-    """The scheduler's record of one queued request: its progress, which only the step changes."""
-
-    request: Request
-    arrival: int  # order of arrival (0, 1, 2, ...): ties in age break by it
-    arrived_at: float  # clock time of submit: the request's age is now - arrived_at
-    outputs: np.ndarray | None = None  # [rows, D], filled as its forwards complete
-    remaining: int = 0  # rows still to compute
-    started_at: float | None = None  # clock time its first forward started
-    done: bool = False  # answered (either way)
-    # row i computed: 1; None while none is (a step cut short queues the rest again)
-    computed: bytearray | None = None
-
-    def __post_init__(self) -> None:
-        self.remaining = len(self.request.rows)
-
-    def rows_to_run(self) -> range | list[int]:
-        """Indices of the rows not computed yet."""
-        if self.computed is None:
-            return range(len(self.request.rows))
-        return [i for i, done in enumerate(self.computed) if not done]
-
-    def claim(self) -> bool:
-        """Marks the request answered; False if it already was (the one answer is sent once).
-        One lock for every request: claims are rare and short, and a lock per request would cost
-        more to make than all its claims to take."""
-        with _CLAIM_LOCK:
-            if self.done:
-                return False
-            self.done = True
-            return True
-
-
-@dataclass(eq=False, slots=True)
-class RowRef:
-    """One row of one admitted request."""
-
-    owner: Admitted
-    index: int  # the row's index within its request
-    num_tokens: int  # its length: len(ids)
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.owner.request.rows[self.index]
-
-
-@dataclass(frozen=True)
-class QueuedRows:
-    """What a policy sees of the rows it plans, column by column: no tensors, no requests."""
-
-    num_tokens: list[int]  # row i's length in tokens
-    arrived_at: list[float]  # clock time row i's request arrived
-
-    def __len__(self) -> int:
-        return len(self.num_tokens)
-
-
-@dataclass(eq=False, slots=True)
-class Forward:
-    """One planned forward: plain data."""
-
-    padded_length: int  # T: every row runs padded to this length (>= each row's tokens)
-    rows: tuple[RowRef, ...]  # at most the layout's cap at T, in arrival order
-    oldest_arrival: int  # arrival order of the oldest request served: forwards run oldest first
-    oldest_arrived_at: float  # when that request arrived: the forward's age is now - this
-
-
-@dataclass(frozen=True)
-class PolicyPlan:
-    """A policy's answer for the rows it was shown (indices into that list)."""
-
-    groups: list[Group]  # (padded length, row indices): forwards to run now
-    waiting: list[int] = field(default_factory=list)  # rows left queued for a later step
-    wake_at: float | None = None  # clock time to plan again if nothing arrives (waiting only)
-
-
-class Policy:
-    """Decides, at a step's ``now``, which queued rows run and how they are grouped.
-
-    The base policy runs everything at once with one planner; a policy that waits (a bounded wait
-    for a fuller collection, a dynamic batcher's max queue delay) is a sibling that overrides
-    ``plan`` and returns ``waiting`` rows and a ``wake_at``."""
-
-    def __init__(self, planner: Planner, name: str = "") -> None:
-        self.planner = planner
-        self.name = name or getattr(planner, "__name__", "policy")
-
-    def plan(self, rows: QueuedRows, now: float, layout: PlanLayout, cost: CostModel) -> PolicyPlan:
-        return PolicyPlan(self.planner(rows.num_tokens, layout, cost))
-
-    def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
-        """Rows of a failed forward, grouped again under a smaller layout: the same planner."""
-        return self.planner(lengths, layout, cost)
-
-
-def policy_named(name: str) -> Policy:
-    """The policy for a configured planner name (a key of ``planner.PLANNERS``)."""
-    if name not in PLANNERS:
-        raise ValueError(f"no planner named {name!r}; known: {', '.join(PLANNERS)}")
-    return Policy(PLANNERS[name], name)
 
 
 class SchedulerMetrics:
@@ -187,35 +75,6 @@ class SchedulerMetrics:
         """Publishes what was recorded now (when the scheduler stops)."""
 
 
-class _BudgetLayout:
-    """A layout whose forwards hold at most ``budget`` padded tokens: for re-planning a failure."""
-
-    def __init__(self, base: PlanLayout, budget: int) -> None:
-        self.base, self.budget = base, budget
-        self.max_batch = base.max_batch
-
-    def pad_len(self, num_tokens: int) -> int:
-        return self.base.pad_len(num_tokens)
-
-    def max_rows(self, padded_length: int) -> int:
-        return max(1, min(self.base.max_rows(padded_length), self.budget // padded_length))
-
-    def mergeable(self, num_tokens: int) -> bool:
-        return self.base.mergeable(num_tokens)
-
-
-def finite_rows(outputs: np.ndarray) -> np.ndarray:
-    """[rows] bool: which rows of a forward's outputs are finite throughout. A row's sum is
-    NaN or infinite when any of its values is (one matrix-vector product, a third of the cost
-    of testing every value); only when one is, every value of the rows is tested, since a sum
-    of finite values may also overflow."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        sums = outputs @ np.ones(outputs.shape[1], outputs.dtype)
-    if np.isfinite(sums).all():
-        return np.ones(len(outputs), bool)
-    return np.isfinite(outputs).all(axis=1)
-
-
 def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
     """For each forward, the clients with rows in the forwards after it."""
     later: list[frozenset[str]] = []
@@ -225,60 +84,6 @@ def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
         seen.update(row.owner.request.client for row in forward.rows)
     later.reverse()
     return later
-
-
-@dataclass(eq=False, slots=True)
-class _Ran:
-    """A forward the engine thread ran: its outputs, or the error it raised, and its time."""
-
-    forward: Forward
-    outputs: np.ndarray | None
-    error: Exception | None
-    seconds: float
-    finite: np.ndarray | None = None  # [rows] bool, read on the engine thread
-
-    @property
-    def all_finite(self) -> bool:
-        return self.finite is None or bool(self.finite.all())
-
-
-class _EngineThread:
-    """The engine's forwards on a thread of their own, one at a time (``Scheduler(overlap=True)``):
-    while one runs, the scheduler thread scatters and answers the one before it and pads the one
-    after it. It pays where a forward releases the GIL while it waits (a GPU's); ONNX Runtime on
-    the same cores gains nothing from it."""
-
-    def __init__(self, engine: Engine, vocab_size: int | None) -> None:
-        self._engine = engine
-        self._vocab_size = vocab_size
-        self._jobs: queue.SimpleQueue[tuple[Forward, np.ndarray, np.ndarray] | None] = (
-            queue.SimpleQueue()
-        )
-        self._ran: queue.SimpleQueue[_Ran] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
-        self._thread.start()
-
-    def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> None:
-        self._jobs.put((forward, ids, mask))
-
-    def wait(self) -> _Ran:
-        """The forward submitted last, once it has run."""
-        return self._ran.get()
-
-    def close(self) -> None:
-        self._jobs.put(None)
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            forward, ids, mask = job
-            started = time.perf_counter()
-            try:
-                outputs = run_padded(self._engine, ids, mask, self._vocab_size)
-                seconds = time.perf_counter() - started
-                ran = _Ran(forward, outputs, None, seconds, finite_rows(outputs))
-            except Exception as err:  # the scheduler thread splits and retries it
-                ran = _Ran(forward, None, err, time.perf_counter() - started)
-            self._ran.put(ran)
 
 
 class Scheduler:
@@ -298,9 +103,6 @@ class Scheduler:
     ) -> None:
         self.engine = engine
         self.log = log  # what went wrong with the engine's outputs, for the operator
-        # ids checked again before each forward (a queue owner's fronts decoded them; an id past
-        # the vocabulary fails its row alone, through the split below, never the forward)
-        self.vocab_size = vocab_size
         self.layout: BucketLayout = engine.layout.capped(max_batch)
         self.pad_token_id = pad_token_id
         self.cost = cost
@@ -326,11 +128,10 @@ class Scheduler:
         self._responder: threading.Thread | None = None
         # overlap: forwards run on an engine thread, one ahead of the scheduler thread's own
         # work on them; the one in flight is settled before anything is queued again and before
-        # a step ends, so no row is ever both in flight and queued
-        self._overlap = overlap
-        self._engine_thread: _EngineThread | None = None
-        self._in_flight: Forward | None = None
-        self._settling = False  # a failed forward's parts run one at a time
+        # a step ends, so no row is ever both in flight and queued. Ids are checked against
+        # ``vocab_size`` again before each forward (a queue owner's fronts decoded them; an id
+        # past the vocabulary fails its row alone, through the split below, never the forward)
+        self.runner = runner_for(engine, vocab_size, overlap)
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -469,94 +270,51 @@ class Scheduler:
         return [row for row in rows if id(row.owner) not in refused]
 
     def run(self, forward: Forward) -> None:
-        """Executes one forward and completes it; on failure, splits it and runs the parts.
-        With ``overlap``, hands it to the engine thread and settles the one before it meanwhile:
-        it completes by the next ``run`` or ``settle``."""
-        if self._overlap and not self._settling:
-            self._run_overlapped(forward)
-            return
-        forward = self._without_unwanted(forward)
-        if not forward.rows:
-            return
-        started = time.perf_counter()
+        """Runs one planned forward and completes it; on failure, splits it and runs the parts.
+        With ``overlap``, it is padded while the one before it runs, and the one before it is
+        completed while it runs: it completes by the next ``run`` or ``settle``."""
+        inputs = self._inputs(forward)
+        before = self.runner.wait()
+        if before is not None and before.settled_first:
+            self._settle(before)  # its parts first, one at a time, before anything else runs
+            before = None
+        # the hand-off: rows cancelled or past their deadline are dropped before their forward
+        kept = self._started(forward)
+        if kept.rows:
+            ran = self.runner.submit(kept, *(inputs if kept is forward else self._inputs(kept)))
+            if ran is not None:
+                self._settle(ran)
+        if before is not None:
+            self._settle(before)  # while the next one runs
+
+    def _run_alone(self, forward: Forward) -> None:
+        """Runs a forward now and completes it (the parts of one that failed, a row again)."""
+        kept = self._started(forward)
+        if kept.rows:
+            self._settle(self.runner.run_now(kept, *self._inputs(kept)))
+
+    def _inputs(self, forward: Forward) -> tuple[np.ndarray, np.ndarray]:
+        """The forward's token ids padded to its length, and their attention mask."""
+        return pad_rows([row.ids for row in forward.rows], forward.padded_length, self.pad_token_id)
+
+    def _started(self, forward: Forward) -> Forward:
+        """The forward without rows no longer wanted, its requests marked started."""
+        kept = self._without_unwanted(forward)
         now = self.clock()
-        for row in forward.rows:
+        for row in kept.rows:
             if row.owner.started_at is None:
                 row.owner.started_at = now
-        try:
-            outputs = self.execute(forward)
-        except Exception as err:
-            self._split_and_retry(forward, err)
-            return
-        real_tokens = sum(row.num_tokens for row in forward.rows)
-        self.metrics.forward(
-            forward.padded_length, len(forward.rows), real_tokens, time.perf_counter() - started
-        )
-        self.metrics.flush_if_due()
-        self.complete(forward, outputs)
-
-    def execute(self, forward: Forward) -> np.ndarray:
-        """Pads the forward's rows to its length and runs the engine: [rows, D] float32 (with
-        ``overlap``, on the engine thread, which is idle then)."""
-        rows = [row.ids for row in forward.rows]
-        if self._engine_thread is None:
-            return run_rows(
-                self.engine, rows, forward.padded_length, self.pad_token_id, self.vocab_size
-            )
-        self._engine_thread.submit(
-            forward, *pad_rows(rows, forward.padded_length, self.pad_token_id)
-        )
-        ran = self._engine_thread.wait()
-        if ran.error is not None:
-            raise ran.error
-        assert ran.outputs is not None
-        return ran.outputs
-
-    def _run_overlapped(self, forward: Forward) -> None:
-        # padded while the forward before it runs
-        inputs = pad_rows([r.ids for r in forward.rows], forward.padded_length, self.pad_token_id)
-        ran = self._wait_in_flight()
-        if ran is not None and (ran.error is not None or not ran.all_finite):
-            self._settle(ran)  # its parts first, one at a time, before anything else runs
-            ran = None
-        # the hand-off: rows cancelled or past their deadline are dropped before their forward
-        kept = self._without_unwanted(forward)
-        if len(kept.rows) != len(forward.rows):
-            forward = kept
-            rows = [row.ids for row in forward.rows]
-            inputs = pad_rows(rows, forward.padded_length, self.pad_token_id)
-        if forward.rows:
-            now = self.clock()
-            for row in forward.rows:
-                if row.owner.started_at is None:
-                    row.owner.started_at = now
-            if self._engine_thread is None:
-                self._engine_thread = _EngineThread(self.engine, self.vocab_size)
-            self._engine_thread.submit(forward, *inputs)
-            self._in_flight = forward
-        if ran is not None:
-            self._settle(ran)  # while the next one runs
+        return kept
 
     def settle(self) -> None:
         """Completes the forward in flight (``overlap``), if any: waits for it."""
-        ran = self._wait_in_flight()
+        ran = self.runner.wait()
         if ran is not None:
             self._settle(ran)
 
-    def _wait_in_flight(self) -> _Ran | None:
-        if self._in_flight is None:
-            return None
-        assert self._engine_thread is not None
-        self._in_flight = None
-        return self._engine_thread.wait()
-
-    def _settle(self, ran: _Ran) -> None:
+    def _settle(self, ran: Ran) -> None:
         if ran.error is not None:
-            self._settling = True
-            try:
-                self._split_and_retry(ran.forward, ran.error)
-            finally:
-                self._settling = False
+            self._split_and_retry(ran.forward, ran.error)
             return
         assert ran.outputs is not None
         forward = ran.forward
@@ -568,7 +326,7 @@ class Scheduler:
     def _settle_after_error(self, err: Exception) -> None:
         """After an internal error: the forward in flight (this step's or the one before's)
         still completes; if that fails too, its requests are answered by the error."""
-        ran = self._wait_in_flight()
+        ran = self.runner.wait()
         if ran is None:
             return
         try:
@@ -626,12 +384,8 @@ class Scheduler:
                 ),
             )
             return
-        settling, self._settling = self._settling, True  # each runs now, inline
-        try:
-            for row in rows:
-                self.run(self._forward(self.layout.pad_len(row.num_tokens), [row]))
-        finally:
-            self._settling = settling
+        for row in rows:
+            self._run_alone(self._forward(self.layout.pad_len(row.num_tokens), [row]))
 
     # -- the serving thread: a loop around step -------------------------------------------------
 
@@ -650,7 +404,7 @@ class Scheduler:
     @property
     def overlaps(self) -> bool:
         """Whether forwards run on an engine thread, one ahead (``overlap``)."""
-        return self._overlap
+        return self.runner.overlaps
 
     @property
     def thread_id(self) -> int | None:
@@ -681,10 +435,8 @@ class Scheduler:
                 outbox.put(None)  # after every answer queued before it
         if self._responder is not None:
             self._responder.join(max(0.0, deadline - time.monotonic()))
-        if self._engine_thread is not None and not (
-            self._thread is not None and self._thread.is_alive()
-        ):
-            self._engine_thread.close()
+        if not (self._thread is not None and self._thread.is_alive()):
+            self.runner.close()
         return not (
             (self._thread is not None and self._thread.is_alive())
             or (self._responder is not None and self._responder.is_alive())
@@ -692,7 +444,7 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
-            if self._in_flight is not None:
+            if self.runner.in_flight:
                 with self._cond:
                     idle = not self._queue
                 if idle:  # nothing to plan while it runs: its answers go now
@@ -843,8 +595,8 @@ class Scheduler:
         # a budget strictly below what failed: long rows split off, short ones stay together
         budget = max(1, (len(forward.rows) * forward.padded_length) // 2)
         lengths = [row.num_tokens for row in forward.rows]
-        parts = self.policy.regroup(lengths, _BudgetLayout(self.layout, budget), self.cost)
+        parts = self.policy.regroup(lengths, BudgetLayout(self.layout, budget), self.cost)
         if len(parts) == 1:  # cannot happen (the budget shrank), but never loop on it
             parts = [(forward.padded_length, [i]) for i in range(len(forward.rows))]
         for padded_length, members in parts:
-            self.run(self._forward(padded_length, [forward.rows[i] for i in members]))
+            self._run_alone(self._forward(padded_length, [forward.rows[i] for i in members]))

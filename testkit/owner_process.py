@@ -21,12 +21,19 @@ def fake_owner(
     gate: threading.Event | None = None,
     front_silent_s: float | None = None,
     overlap: bool = False,
+    vocab_size: int | None = None,
 ) -> QueueOwner:
     """A queue owner (not started) over a fake engine of buckets 16, 32, 64 and 8 rows each; its
     forwards on an engine thread with ``overlap``."""
     engine = FakeChecksumEngine(layout(), gate=gate)
     scheduler = Scheduler(
-        engine, 0, LinearCost(16), max_batch=8, max_queue_rows=1000, overlap=overlap
+        engine,
+        0,
+        LinearCost(16),
+        max_batch=8,
+        max_queue_rows=1000,
+        overlap=overlap,
+        vocab_size=vocab_size,
     )
     return QueueOwner(
         LocalOwner(scheduler, engine, responder=False),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from bench.errors import BenchError
 from python_backend.cost_models import CostModel
 from python_backend.planner import PLANNERS, Group, PlanLayout
-from python_backend.scheduler import Policy, PolicyPlan, QueuedRows
+from python_backend.policy import Policy, PolicyPlan, QueuedRows
 
 # -- the peers' batchers, as policies in this project's loop ------------------------------------
 

@@ -366,8 +366,7 @@ def test_a_request_whose_rows_no_forward_can_run_fails_alone(endpoint):
     row longer than the engine takes fails its request at planning (TOO_LONG, naming the row);
     an id outside the vocabulary is refused before the engine sees it, and the split that
     follows leaves that row failing alone. The requests beside them are answered."""
-    owner = fake_owner(endpoint)
-    owner.owner.scheduler.vocab_size = 30000
+    owner = fake_owner(endpoint, vocab_size=30000)
     longest = owner.owner.scheduler.layout.longest_row
     owner.start()
     client = remote(endpoint)

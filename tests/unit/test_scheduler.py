@@ -9,8 +9,9 @@ import pytest
 from python_backend.contract import ErrorKind, Reason, ServeError
 from python_backend.cost_models import LinearCost
 from python_backend.planner import PLANNERS
+from python_backend.policy import Policy, PolicyPlan
 from python_backend.records import Answer, Request
-from python_backend.scheduler import Policy, PolicyPlan, Scheduler, SchedulerMetrics
+from python_backend.scheduler import Scheduler, SchedulerMetrics
 from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 
@@ -186,7 +187,7 @@ def test_a_non_finite_output_is_never_answered(overlap):
 
 
 def test_finite_rows_are_told_apart_exactly():
-    from python_backend.scheduler import finite_rows
+    from python_backend.runners import finite_rows
 
     outputs = np.ones((5, 8), np.float32)
     assert finite_rows(outputs).tolist() == [True] * 5

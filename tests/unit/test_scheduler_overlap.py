@@ -85,7 +85,7 @@ def test_the_forwards_run_on_the_engine_thread_and_it_ends_with_the_scheduler():
     assert answers.wait_for(5)
     assert scheduler.stop()
     assert threads == {"engine"}
-    engine_thread = scheduler._engine_thread
+    engine_thread = scheduler.runner._thread
     assert engine_thread is not None
-    engine_thread._thread.join(2)
-    assert not engine_thread._thread.is_alive(), "the engine thread outlived the scheduler"
+    engine_thread.join(2)
+    assert not engine_thread.is_alive(), "the engine thread outlived the scheduler"
