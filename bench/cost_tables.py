@@ -21,9 +21,9 @@ import numpy as np
 
 from bench.errors import BenchError
 from bench.paths import GPU_TABLES, LENGTHS
-from python_backend.cost_models import MeasuredCost, cost_model_from_dict
+from python_backend.common.cost_models import MeasuredCost, cost_model_from_dict
+from python_backend.common.manifest import load_manifest
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import load_manifest
 
 # -- cost tables --------------------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend.common.manifest import load_manifest
+from python_backend.common.tokenization import TextTokenizer
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
-from python_backend.manifest import load_manifest
-from python_backend.tokenization import TextTokenizer
 
 
 class TritonPythonModel:

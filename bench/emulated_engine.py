@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from bench.cost_tables import cost_table
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Manifest
 
 TABLE_FILE = "emulated_table.txt"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.emulated_engine import TABLE_FILE, EmulatedEngine, table_seconds
-from python_backend.owners import EngineSource
+from python_backend.scheduling.owners import EngineSource
 from python_backend.triton_model import TritonPythonModel
 
 
@@ -49,11 +49,11 @@ class PythonBackendFloorModel:
 
         import triton_python_backend_utils as pb_utils
 
-        from python_backend.cpu_pinning import with_every_core
+        from python_backend.common.manifest import load_manifest
+        from python_backend.common.tokenization import TextTokenizer
         from python_backend.engines.base import BucketLayout
-        from python_backend.manifest import load_manifest
         from python_backend.settings import settings_from_parameters
-        from python_backend.tokenization import TextTokenizer
+        from python_backend.stub.cpu_pinning import with_every_core
         from python_backend.triton_model import parse_args, pin_if_asked
 
         self.pb_utils = pb_utils
@@ -83,7 +83,7 @@ class PythonBackendFloorModel:
     def _answer(self) -> None:
         import numpy as np
 
-        from python_backend.contract import NUM_TOKENS_OUTPUT
+        from python_backend.common.contract import NUM_TOKENS_OUTPUT
 
         pb = self.pb_utils
         while True:

@@ -36,7 +36,7 @@ from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import add_emulated_variant, build_repository, request_rows
 from bench.paths import ROOT
-from python_backend.contract import CLIENT_PARAMETER
+from python_backend.common.contract import CLIENT_PARAMETER
 from tools.serve import client_forward_args
 from tools.triton_server import TritonServer, free_port
 

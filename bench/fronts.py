@@ -26,7 +26,7 @@ read from /proc over the measurement, so per-request CPU is summed over every se
 work to each other rather than to the work.
 
 With ``--pin-cores on`` every variant's processes run with the ``pin_cores`` setting on, each on
-a core of its own (python_backend.cpu_pinning; not where the engine computes on the CPU, as with
+a core of its own (python_backend.stub.cpu_pinning; not where the engine computes on the CPU, as with
 ``--table engine``); ``both`` serves each variant pinned and unpinned, side by side.
 
 With ``--baseline-tree`` (another checkout of this project, a git worktree under build/, say),
@@ -61,7 +61,7 @@ from bench.owner_alone import cpu_seconds
 from bench.paths import INPUT_DATA, ROOT
 from bench.sim.validation import forward_stats, forwards_between
 from builder.triton_config import add_model_variant, add_split_variant, write_config
-from python_backend.contract import OWNER_SUFFIX
+from python_backend.common.contract import OWNER_SUFFIX
 from tools.serve import child_stubs, stub_model
 from tools.triton_server import TritonServer
 

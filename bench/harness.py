@@ -58,8 +58,8 @@ def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
 
 
 def request_rows(version_dir: Path) -> list[np.ndarray]:
-    from python_backend.manifest import load_manifest
-    from python_backend.tokenization import TextTokenizer
+    from python_backend.common.manifest import load_manifest
+    from python_backend.common.tokenization import TextTokenizer
 
     manifest = load_manifest(version_dir)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)

@@ -42,7 +42,7 @@ def main() -> int:
 
 def write_request_lengths(requests: list[str]) -> Path:
     from builder.build import default_model_dir
-    from python_backend.tokenization import TextTokenizer
+    from python_backend.common.tokenization import TextTokenizer
 
     model_dir = default_model_dir()
     if model_dir is None:

@@ -37,11 +37,11 @@ import torch
 
 from builder.calibrate import fit_times
 from builder.torch_check import CORPUS_LENGTHS, SEED, target_on, time_grid, write_engine
-from python_backend.cost_models import CostModel
+from python_backend.common.cost_models import CostModel
+from python_backend.common.manifest import Manifest
 from python_backend.engines.torch_engine import TorchEngine
-from python_backend.manifest import Manifest
-from python_backend.records import Answer, Outcome, Request
-from python_backend.scheduler import Scheduler, SchedulerMetrics
+from python_backend.scheduling.records import Answer, Outcome, Request
+from python_backend.scheduling.scheduler import Scheduler, SchedulerMetrics
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

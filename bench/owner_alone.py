@@ -4,7 +4,7 @@
                                 [--seconds 5] [--rounds 3] [--table zero|table:a30]
                                 [--overlap off|on|both]
 
-The owner (``python_backend.queue_owner`` over the scheduler, a zero-time engine of a default
+The owner (``python_backend.transport.queue_owner`` over the scheduler, a zero-time engine of a default
 TensorRT build's layout, 384 outputs a row; with ``--table``, forwards that wait a GPU table's
 time, as the owner's GPU forwards would, releasing the GIL) runs in its own process pinned to core 0 with
 ``taskset``. Feeder processes pinned to core 1 (``--feeders``, as many fronts) keep
@@ -87,10 +87,10 @@ def thread_cpu_seconds(pid: int, thread_id: int) -> float:
 def serve(endpoint: str, table: str, overlap: bool = False) -> None:
     """The owner's process: serves until stdin closes. Prints 'ready TID', the scheduler
     thread's id (its CPU is what runs in series with the forwards)."""
-    from python_backend.cost_models import LinearCost
-    from python_backend.owners import LocalOwner
-    from python_backend.queue_owner import QueueOwner
-    from python_backend.scheduler import Scheduler
+    from python_backend.common.cost_models import LinearCost
+    from python_backend.scheduling.owners import LocalOwner
+    from python_backend.scheduling.scheduler import Scheduler
+    from python_backend.transport.queue_owner import QueueOwner
 
     engine = WaitingEngine(table)
     # the planner's fixed cost: the table's own, as calibration would find it (the simulator's)
@@ -121,8 +121,8 @@ def feed(
 ) -> str:
     """The feeder's process: closed-loop clients; prints 'rows owner_cpu feeder_cpu wall
     scheduler_cpu' (the owner's scheduler thread's CPU, part of owner_cpu)."""
-    from python_backend.owner_client import RemoteOwner
-    from python_backend.records import Answer, Request
+    from python_backend.scheduling.records import Answer, Request
+    from python_backend.transport.remote_owner import RemoteOwner
 
     rng = np.random.default_rng(0)
     lengths = read_lengths(LENGTHS)

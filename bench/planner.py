@@ -15,8 +15,8 @@ import platform
 import numpy as np
 
 from builder.calibrate import median_seconds
-from python_backend.cost_models import LinearCost, MeasuredCost
-from python_backend.planner import (
+from python_backend.common.cost_models import LinearCost, MeasuredCost
+from python_backend.scheduling.planner import (
     padding_efficiency,
     per_bucket_groups,
     plan_batches,

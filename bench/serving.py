@@ -59,10 +59,10 @@ def engine_only_limit(
 ) -> float:
     """Rows/s of the same rows run through the scheduler's own step, in collections of
     ``collection`` rows, with no server: the planner's forwards on the engine, nothing else."""
+    from python_backend.common.manifest import load_manifest
     from python_backend.engines import open_engine
-    from python_backend.manifest import load_manifest
-    from python_backend.records import Request
-    from python_backend.scheduler import Scheduler
+    from python_backend.scheduling.records import Request
+    from python_backend.scheduling.scheduler import Scheduler
 
     manifest = load_manifest(version_dir)
     engine = open_engine(manifest, version_dir)

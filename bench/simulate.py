@@ -3,7 +3,7 @@
     python -m bench.simulate --lengths bench/data/request_lengths.txt --cost table:a30 \\
         --policy dp --concurrency 64 --seconds 60
 
-What runs is ``python_backend.scheduler.Scheduler`` itself, step by step on a virtual clock,
+What runs is ``python_backend.scheduling.scheduler.Scheduler`` itself, step by step on a virtual clock,
 with an engine that computes nothing: each forward takes the time a cost table gives for its
 (rows, padded length), and the clock moves by that much. Requests of one row each
 (``--rows-per-request`` for more), their lengths replayed from real text, arrive from

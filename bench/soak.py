@@ -159,7 +159,7 @@ def run_soak(
 def reference_embeddings(texts: list[str]) -> dict[int, np.ndarray]:
     from builder.build import default_model_dir
     from builder.families import load_model, run_rows_served
-    from python_backend.tokenization import TextTokenizer
+    from python_backend.common.tokenization import TextTokenizer
 
     model_dir = default_model_dir()
     if model_dir is None:

@@ -16,7 +16,7 @@ import sys
 
 from body_check.proxy import CheckSettings
 from body_check.server import serve_many, serve_one
-from python_backend.values import BadValue, nginx_size
+from python_backend.common.values import BadValue, nginx_size
 
 
 def main(argv: list[str] | None = None) -> int:

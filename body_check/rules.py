@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from python_backend.contract import CLIENT_PARAMETER, MAX_ROWS_PER_REQUEST
+from python_backend.common.contract import CLIENT_PARAMETER, MAX_ROWS_PER_REQUEST
 
 # bytes per element of each KServe datatype; BYTES is variable (a 4-byte length, then the bytes)
 DTYPE_BYTES: dict[str, int] = {

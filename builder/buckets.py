@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from python_backend.manifest import Bucket
+from python_backend.common.manifest import Bucket
 
 
 def padded_tokens(lengths: Sequence[int], buckets: Sequence[int]) -> int:

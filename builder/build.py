@@ -40,10 +40,10 @@ from builder.triton_config import (
     write_config,
     write_owner,
 )
-from python_backend.contract import OWNER_PARAMETER
-from python_backend.cost_models import LinearCost, StoredCost
-from python_backend.engine_profiles import EngineProfiles, engine_profiles
-from python_backend.manifest import ENGINE_FILES, Bucket, LongRows, Manifest
+from python_backend.common.contract import OWNER_PARAMETER
+from python_backend.common.cost_models import LinearCost, StoredCost
+from python_backend.common.engine_profiles import EngineProfiles, engine_profiles
+from python_backend.common.manifest import ENGINE_FILES, Bucket, LongRows, Manifest
 
 if TYPE_CHECKING:
     from builder.families import LoadedModel
@@ -310,7 +310,7 @@ def sample_lengths(spec: BuildSpec, tokenize: Callable[[list[str]], list[int]]) 
 def length_sample(spec: BuildSpec, resolved: Resolved, last_bucket: int) -> list[int] | None:
     """Row lengths from the spec's sample (or the local corpus), tokenized by the server's own
     tokenizer, untruncated: the sample's real lengths, past the limit too."""
-    from python_backend.tokenization import TextTokenizer
+    from python_backend.common.tokenization import TextTokenizer
 
     tokenizer = TextTokenizer(resolved.tokenizer_path, last_bucket)
 
@@ -509,10 +509,10 @@ def served_vectors(manifest: Manifest, version_dir: Path, texts: list[str]) -> n
     """The texts' vectors as the server answers them by default ([texts, D] float32): the
     default prompt, truncated at the longest row, run on the built engine bucket by bucket at its
     caps, and normalised where the pipeline says."""
-    from python_backend.decoding import Normalization, Prompts, unit_length
+    from python_backend.common.decoding import Normalization, Prompts, unit_length
+    from python_backend.common.tokenization import TextTokenizer
     from python_backend.engines import open_engine
     from python_backend.engines.base import BucketLayout, run_rows
-    from python_backend.tokenization import TextTokenizer
 
     layout = BucketLayout.from_manifest(manifest)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, layout.longest_row)

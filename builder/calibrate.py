@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from python_backend.cost_models import BucketAffineCost, MeasuredCost
+from python_backend.common.cost_models import BucketAffineCost, MeasuredCost
 from python_backend.engines.base import Engine
 
 DENSE_BATCH_SIZES = (1, 2, 4, 8, 16)

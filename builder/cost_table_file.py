@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from python_backend.cost_models import BucketAffineCost, MeasuredCost, cost_model_from_dict
-from python_backend.manifest import Bucket, ManifestError, bucket_from_dict
+from python_backend.common.cost_models import BucketAffineCost, MeasuredCost, cost_model_from_dict
+from python_backend.common.manifest import Bucket, ManifestError, bucket_from_dict
 
 TABLE_FORMAT = 1
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.contract import pack_token_types
+from python_backend.common.contract import pack_token_types
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import Engine, pad_rows
-from python_backend.manifest import Manifest
 
 # FP16 TensorRT against FP32 ONNX Runtime, per row; the decoder's vocabulary logits of a random
 # model are the least robust to FP16 rounding

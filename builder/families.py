@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     ENGINE_INPUTS,
     FAMILIES,
     FAMILY_CONTRACTS,

@@ -39,9 +39,9 @@ import numpy as np
 from builder.calibrate import median_seconds
 from builder.engine_compare import MIN_COSINE, check_engine, random_rows
 from builder.spec import BuildError, BuildSpec
+from python_backend.common.manifest import Manifest, load_manifest
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
-from python_backend.manifest import Manifest, load_manifest
 
 TINY_POSITIONS = 128  # builder.tiny_models' max_position_embeddings
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.cost_models import CostModel
+from python_backend.common.cost_models import CostModel
+from python_backend.common.manifest import Bucket, LongRows
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, LongRows
-from python_backend.planner import plan_dp
+from python_backend.scheduling.planner import plan_dp
 
 NUM_COLLECTIONS = 50
 

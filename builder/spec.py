@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from python_backend.contract import FAMILIES
+from python_backend.common.contract import FAMILIES
 
 ENGINE_CHOICES = ("auto", "tensorrt", "onnxruntime", "torch")
 FAMILY_CHOICES = ("auto", *FAMILIES)

@@ -19,7 +19,7 @@ from pathlib import Path
 import tensorrt as trt
 
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
-from python_backend.engine_profiles import EngineProfiles
+from python_backend.common.engine_profiles import EngineProfiles
 
 WORKSPACE_BYTES = 8 << 30
 

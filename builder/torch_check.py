@@ -41,11 +41,11 @@ from builder.calibrate import fit_times, median_seconds
 from builder.cost_table_file import CostTableFile
 from builder.engine_compare import MIN_COSINE, Comparison, check_engine, random_rows
 from builder.tiny_models import TINY
-from python_backend.cost_models import LinearCost
+from python_backend.common.cost_models import LinearCost
+from python_backend.common.manifest import Bucket, LongRows, Manifest
 from python_backend.engines.base import pad_rows
 from python_backend.engines.torch_engine import TorchEngine
 from python_backend.engines.torch_modules import EmbeddingHead, save_torch_model
-from python_backend.manifest import Bucket, LongRows, Manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_LENGTHS = ROOT / "bench" / "data" / "request_lengths.txt"  # the bench corpus's lengths

@@ -14,7 +14,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     MAX_ROWS_PER_REQUEST,
     NUM_TOKENS_OUTPUT,
     OWNER_PARAMETER,

@@ -12,7 +12,7 @@ from openai_api.app import create_app
 from openai_api.backend import TritonBackend
 from openai_api.model_files import ModelRepository
 from openai_api.protocol import InputLimits
-from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN
+from python_backend.common.contract import MAX_TEXT_BYTES_PER_TOKEN
 
 
 def main(argv: list[str] | None = None) -> int:

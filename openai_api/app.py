@@ -45,7 +45,7 @@ from openai_api.protocol import (
     shorten,
     tokens_response,
 )
-from python_backend.contract import CLIENT_PARAMETER, TRUNCATION_SIDES, ServeError
+from python_backend.common.contract import CLIENT_PARAMETER, TRUNCATION_SIDES, ServeError
 
 # /v1/tokenize with truncation off: a text of more characters than this many per token of the
 # model's limit is refused before it is tokenized (TEI's bound: 250 x max_input_length)

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
 from openai_api.protocol import MODEL_DEFAULT, Truncation
-from python_backend.contract import (
+from python_backend.common.contract import (
     CLIENT_PARAMETER,
     FAMILY_OUTPUTS,
     NUM_TOKENS_OUTPUT,

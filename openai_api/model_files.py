@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from openai_api.errors import OpenAIError
-from python_backend.decoding import Prompts
+from python_backend.common.decoding import Prompts
+from python_backend.common.manifest import Manifest, ManifestError, load_manifest
+from python_backend.common.tokenization import TextTokenizer
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Manifest, ManifestError, load_manifest
-from python_backend.tokenization import TextTokenizer
 
 VERSION = "1"  # the version folder the builder writes
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from openai_api.errors import OpenAIError, bad_request
-from python_backend.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
+from python_backend.common.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 MAX_TOKEN_ID = 2**31 - 1  # token ids are vocabulary indices: far below this, never above int64

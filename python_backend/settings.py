@@ -12,7 +12,7 @@ overrides the planner's overhead for every model (the planner's documented knob)
 means "not set". Bad values fail model load with the name of the setting.
 
 Fault injection is not a setting: only a test repository enables it, with a file of its own
-(``python_backend.faults``).
+(``python_backend.engines.faults``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from python_backend.cost_models import OVERHEAD_ENV_VAR
-from python_backend.cpu_pinning import PIN_CORES
-from python_backend.planner import PLANNERS
-from python_backend.values import (
+from python_backend.common.cost_models import OVERHEAD_ENV_VAR
+from python_backend.common.values import (
     BadValue,
     Parser,
     int_at_least,
@@ -33,6 +31,8 @@ from python_backend.values import (
     one_of,
     parse_bool,
 )
+from python_backend.scheduling.planner import PLANNERS
+from python_backend.stub.cpu_pinning import PIN_CORES
 
 OVERLAP_FORWARDS = ("auto", "on", "off")
 

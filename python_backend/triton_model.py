@@ -9,8 +9,8 @@ One model class serves every process layout; its role is read from its config on
   them to a ``RemoteOwner``, its GPU's queue owner in another process; the split layout runs
   several fronts per owner, so that decoding and tokenizing scale with processes;
 - **a queue owner** (parameter ``serves``: the model whose files it runs): a ``LocalOwner`` served
-  to the fronts over a socket (``queue_owner.QueueOwner``). It is never meant to be asked: a
-  request Triton hands it is refused.
+  to the fronts over a socket (``transport.queue_owner.QueueOwner``). It is never meant to be
+  asked: a request Triton hands it is refused.
 
 ``execute`` decodes each request, answers bad ones at once and submits the rest, then returns
 None: the owner answers through each request's response sender, exactly once, with the FINAL
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     NUM_TOKENS_OUTPUT,
     OWNER_PARAMETER,
     PAIR_INPUT,
@@ -44,8 +44,8 @@ from python_backend.contract import (
     Reason,
     ServeError,
 )
-from python_backend.cpu_pinning import Claim, pin_to_free_core, should_pin, with_every_core
-from python_backend.decoding import (
+from python_backend.common.cost_models import CostModel, LinearCost
+from python_backend.common.decoding import (
     Limits,
     Normalization,
     Prompts,
@@ -54,22 +54,25 @@ from python_backend.decoding import (
     parse_options,
     unit_length,
 )
-from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Manifest, load_manifest
-from python_backend.metrics import TritonMetrics
-from python_backend.owner_client import RemoteOwner
-from python_backend.owners import EngineSource, LocalOwner, Owner, open_local_owner
-from python_backend.queue_owner import (
+from python_backend.common.manifest import Manifest, load_manifest
+from python_backend.common.tokenization import TextTokenizer
+from python_backend.engines.base import BucketLayout, Engine
+from python_backend.engines.faults import FaultInjectingEngine, load_fault_spec
+from python_backend.scheduling.owners import EngineSource, LocalOwner, Owner
+from python_backend.scheduling.records import Answer, Outcome, Request
+from python_backend.scheduling.scheduler import Scheduler, SchedulerMetrics
+from python_backend.settings import Settings, overlaps_forwards, settings_from_parameters
+from python_backend.stub.cpu_pinning import Claim, pin_to_free_core, should_pin, with_every_core
+from python_backend.stub.metrics import TritonMetrics
+from python_backend.stub.stub_python import match_extension_modules
+from python_backend.transport.queue_owner import (
     QueueOwner,
     clear_failure,
     failure_file,
     owner_endpoint,
     record_failure,
 )
-from python_backend.records import Answer, Outcome, Request
-from python_backend.settings import Settings, settings_from_parameters
-from python_backend.stub_python import match_extension_modules
-from python_backend.tokenization import TextTokenizer
+from python_backend.transport.remote_owner import RemoteOwner
 
 # before anything imports ssl (transformers does, for the torch engine): see stub_python
 match_extension_modules()
@@ -218,6 +221,35 @@ def request_decoder(
     )
 
 
+def planning_scheduler(
+    settings: Settings,
+    manifest: Manifest,
+    engine: Engine,
+    metrics: SchedulerMetrics,
+    log: Callable[[str], None],
+) -> tuple[Scheduler, CostModel]:
+    """The scheduler (not started) over ``engine``, and the cost it plans with: the manifest's,
+    unless a setting overrides it."""
+    cost = (
+        LinearCost(settings.overhead_tokens)
+        if settings.overhead_tokens is not None
+        else manifest.planner_cost()
+    )
+    scheduler = Scheduler(
+        engine,
+        pad_token_id=manifest.pad_token_id,
+        cost=cost,
+        max_batch=settings.max_batch or manifest.max_batch,
+        max_queue_rows=settings.max_queue_rows,
+        policy=settings.planner,
+        metrics=metrics,
+        overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
+        log=log,
+        vocab_size=manifest.vocab_size,
+    )
+    return scheduler, cost
+
+
 def refusal(error: ServeError) -> Any:
     return _error_response(str(error), error.kind.triton_code)
 
@@ -249,7 +281,7 @@ def socket_dir() -> str:
 
 def pin_if_asked(setting: str, instance_name: str, owner: bool) -> Claim | None:
     """A core of its own for this process where the ``pin_cores`` setting asks for one
-    (python_backend.cpu_pinning)."""
+    (python_backend.stub.cpu_pinning)."""
     if not should_pin(setting):
         return None
     claim = pin_to_free_core(socket_dir(), owner)
@@ -293,6 +325,7 @@ class TritonPythonModel:
         self.instance_name = instance.instance_name
         role = role_of(instance.parameters)
         self.fronts: QueueOwner | None = None
+        self.pinned: Claim | None = None  # this process's own core (pin_cores)
         if role.serves:
             self._serve_fronts(instance, role.serves)
             return
@@ -300,10 +333,9 @@ class TritonPythonModel:
         manifest = load_manifest(instance.version_dir)
         self.output_name = manifest.output_name
         self.metrics = TritonMetrics(pb_utils, instance.model_name, self.instance_name)
-        self.front_pin: Claim | None = None
         self.owner: Owner
         if role.owner:
-            self.front_pin = pinned = pin_if_asked(settings.pin_cores, self.instance_name, False)
+            self.pinned = pin_if_asked(settings.pin_cores, self.instance_name, owner=False)
             endpoint = owner_endpoint(socket_dir(), role.owner, instance.device_id)
             self.owner = RemoteOwner(
                 endpoint,
@@ -317,11 +349,11 @@ class TritonPythonModel:
             serves_with = f"a front of {role.owner}, at {endpoint}"
         else:
             local = self._local_owner(instance, instance.version_dir, manifest, settings)
-            self.owner, pinned = local, local.pinned
+            self.owner = local
             longest = local.engine.layout.longest_row
             serves_with = local.description
         self.decoder = request_decoder(instance, manifest, settings, longest)
-        with_every_core(pinned, self.decoder.tokenizer.start_workers)
+        with_every_core(self.pinned, self.decoder.tokenizer.start_workers)
         try:
             self.owner.start()
         except RuntimeError as err:
@@ -336,18 +368,30 @@ class TritonPythonModel:
         settings: Settings,
         responder: bool = True,
     ) -> LocalOwner:
+        """Loads the engine (on the instance's GPU where it runs on one) and builds its owner,
+        not started. Where the engine computes elsewhere than on the CPU's cores and
+        ``pin_cores`` asks, the process takes a core of its own, after the load, so that the
+        engine's threads are pinned too (``self.pinned``, given back at ``finalize``)."""
         name = self.instance_name
-        return open_local_owner(
-            manifest,
-            version_dir,
-            instance.device_id,
-            settings,
-            self.metrics,
-            log=lambda message: pb_utils.Logger.log_warn(f"{name}: {message}"),
-            pin=lambda: pin_if_asked(settings.pin_cores, name, owner=True),
-            engines=self.engines,
-            responder=responder,
+        engine = self.engines.open(manifest, version_dir, instance.device_id)
+        fault_spec = load_fault_spec(version_dir)  # test repositories only
+        if fault_spec:
+            engine = FaultInjectingEngine(engine, fault_spec)
+        if not self.engines.computes_on_cpu(manifest):
+            self.pinned = pin_if_asked(settings.pin_cores, name, owner=True)
+
+        def log(message: str) -> None:
+            pb_utils.Logger.log_warn(f"{name}: {message}")
+
+        scheduler, cost = planning_scheduler(settings, manifest, engine, self.metrics, log)
+        description = (
+            f"{manifest.engine_kind} engine"
+            + (f" on GPU {instance.device_id}" if manifest.runs_on_gpu else "")
+            + f", buckets {[b.length for b in manifest.buckets]}, planner {settings.planner}, "
+            + f"cost {cost}"
+            + (", forwards on an engine thread (overlap_forwards)" if scheduler.overlaps else "")
         )
+        return LocalOwner(scheduler, engine, log, responder, description)
 
     def _serve_fronts(self, instance: InstanceArgs, served: str) -> None:
         """The queue owner's role: a local owner of ``served``'s files, served to its fronts.
@@ -409,8 +453,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.fronts is not None:
             self.fronts.stop(SHUTDOWN_DRAIN_S)
-            return
-        self.owner.stop(SHUTDOWN_DRAIN_S)
-        self.metrics.flush()
-        if self.front_pin is not None:
-            self.front_pin.release()
+        else:
+            self.owner.stop(SHUTDOWN_DRAIN_S)
+            self.metrics.flush()
+        if self.pinned is not None:
+            self.pinned.release()

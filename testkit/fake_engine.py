@@ -11,9 +11,9 @@ import threading
 
 import numpy as np
 
-from python_backend.cost_models import LinearCost
+from python_backend.common.cost_models import LinearCost
+from python_backend.common.manifest import Bucket, LongRows, Manifest
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, LongRows, Manifest
 
 
 def layout(lengths=(16, 32, 64), max_rows=8, max_length=None, long_rows_max=4) -> BucketLayout:

@@ -9,10 +9,10 @@ import argparse
 import signal
 import threading
 
-from python_backend.cost_models import LinearCost
-from python_backend.owners import LocalOwner
-from python_backend.queue_owner import FRONT_SILENT_S, QueueOwner
-from python_backend.scheduler import Scheduler
+from python_backend.common.cost_models import LinearCost
+from python_backend.scheduling.owners import LocalOwner
+from python_backend.scheduling.scheduler import Scheduler
+from python_backend.transport.queue_owner import FRONT_SILENT_S, QueueOwner
 from testkit.fake_engine import FakeChecksumEngine, layout
 
 

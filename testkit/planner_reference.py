@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from python_backend.cost_models import CostModel, LinearCost
-from python_backend.planner import Group, MaxRows, Mergeable, PadLen
+from python_backend.common.cost_models import CostModel, LinearCost
+from python_backend.scheduling.planner import Group, MaxRows, Mergeable, PadLen
 
 
 def reference_plan(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from python_backend.values import (
+from python_backend.common.values import (
     SIZE_PATTERN,
     BadValue,
     Parser,

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from python_backend.contract import CLIENT_PARAMETER, OWNER_SUFFIX
-from python_backend.values import BadValue, int_at_least, number_at_least, parse_bool
+from python_backend.common.contract import CLIENT_PARAMETER, OWNER_SUFFIX
+from python_backend.common.values import BadValue, int_at_least, number_at_least, parse_bool
 from tools.front_door import (
     FrontDoor,
     FrontDoorError,

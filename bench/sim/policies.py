@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bench.errors import BenchError
-from python_backend.cost_models import CostModel
-from python_backend.planner import PLANNERS, Group, PlanLayout
-from python_backend.policy import Policy, PolicyPlan, QueuedRows
+from python_backend.common.cost_models import CostModel
+from python_backend.scheduling.planner import PLANNERS, Group, PlanLayout
+from python_backend.scheduling.policy import Policy, PolicyPlan, QueuedRows
 
 # -- the peers' batchers, as policies in this project's loop ------------------------------------
 

@@ -15,10 +15,10 @@ from bench.cost_tables import (
     CostTable,
 )
 from bench.sim.policies import make_policy
-from python_backend.cost_models import LinearCost
+from python_backend.common.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
-from python_backend.records import Answer, Request
-from python_backend.scheduler import Scheduler
+from python_backend.scheduling.records import Answer, Request
+from python_backend.scheduling.scheduler import Scheduler
 
 # -- the simulation -----------------------------------------------------------------------------
 

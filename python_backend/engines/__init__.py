@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout, Engine
-from python_backend.manifest import Manifest
 
 __all__ = ["BucketLayout", "Engine", "open_engine"]
 

@@ -7,14 +7,14 @@ from typing import Protocol
 
 import numpy as np
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     ENGINE_INPUTS,
     TOKEN_TYPE_INPUT,
     ids_in_vocabulary,
     split_token_types,
 )
-from python_backend.cost_models import next_captured_size
-from python_backend.manifest import Bucket, LongRows, Manifest
+from python_backend.common.cost_models import next_captured_size
+from python_backend.common.manifest import Bucket, LongRows, Manifest
 
 
 class BucketLayout:

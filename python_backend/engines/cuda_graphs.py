@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+from python_backend.common.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import graph_inputs
-from python_backend.manifest import Manifest
 
 Graph = torch.cuda.CUDAGraph  # one captured forward; ``replay`` runs it again
 

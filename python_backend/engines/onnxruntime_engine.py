@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout, graph_inputs
-from python_backend.manifest import Manifest
 
 
 def session_options() -> ort.SessionOptions:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from python_backend.contract import ENGINE_INPUTS
+from python_backend.common.contract import ENGINE_INPUTS
 
 
 class EngineContractError(RuntimeError):

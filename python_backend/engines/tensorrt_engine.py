@@ -36,6 +36,7 @@ import numpy as np
 import tensorrt as trt
 import torch
 
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout
 from python_backend.engines.cuda_graphs import CudaForwards, Graph, capture_all
 from python_backend.engines.tensorrt_checks import (
@@ -45,7 +46,6 @@ from python_backend.engines.tensorrt_checks import (
     require_built_by,
     require_supported_major,
 )
-from python_backend.manifest import Manifest
 
 
 @dataclass

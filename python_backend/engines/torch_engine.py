@@ -27,10 +27,10 @@ from typing import cast
 import numpy as np
 import torch
 
+from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout, graph_inputs
 from python_backend.engines.cuda_graphs import CudaForwards, Graph, capture_all
 from python_backend.engines.torch_modules import TORCH_RECORD, load_torch_model
-from python_backend.manifest import Manifest
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from python_backend.manifest import ENGINE_FILES
+from python_backend.common.manifest import ENGINE_FILES
 
 # the lowest finite FP16 value: a mask fill that may run in FP16 must stay finite there
 FP16_LOWEST = -65504.0

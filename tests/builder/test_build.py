@@ -14,10 +14,10 @@ from builder.cli import main as builder_main
 from builder.families import load_model, run_rows_alone
 from builder.spec import BuildSpec
 from builder.triton_config import read_config
-from python_backend.cost_models import BucketAffineCost
+from python_backend.common.cost_models import BucketAffineCost
+from python_backend.common.manifest import load_manifest
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
-from python_backend.manifest import load_manifest
 
 # fp32 on CPU: a padded row and the same row alone differ by float reordering only (~1e-7);
 # 1e-4 leaves room for BLAS kernels that block differently at different batch shapes

@@ -13,7 +13,7 @@ from builder.families import (
     detect_family,
     load_model,
 )
-from python_backend.contract import FAMILIES, FAMILY_CONTRACTS
+from python_backend.common.contract import FAMILIES, FAMILY_CONTRACTS
 
 
 def test_every_family_of_the_contract_has_exactly_one_record():

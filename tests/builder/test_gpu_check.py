@@ -13,8 +13,8 @@ from builder.build import build
 from builder.engine_compare import check_engine, uncaptured_sizes
 from builder.gpu_check import CHECKS, check_model_dir, check_spec, pooling_variant
 from builder.spec import BuildError, BuildSpec
+from python_backend.common.manifest import load_manifest
 from python_backend.engines import open_engine
-from python_backend.manifest import load_manifest
 from tests.builder.test_build import build_onnx
 
 
@@ -121,7 +121,7 @@ def test_instances_per_gpu_are_counted_from_one_and_only_for_tensorrt():
 
 def test_a_reranker_is_checked_by_its_score_with_pairs_in_every_row(tmp_path, minilm_dir):
     from builder.tiny_models import save_tiny_model
-    from python_backend.contract import split_token_types
+    from python_backend.common.contract import split_token_types
 
     folder = save_tiny_model("reranker", tmp_path / "reranker", minilm_dir / "tokenizer.json")
     manifest, version = build_small(tmp_path / "repo", folder, "rerank")

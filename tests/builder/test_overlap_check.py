@@ -45,8 +45,8 @@ def test_the_closed_loop_sends_nothing_to_a_scheduler_that_is_stopping():
     import numpy as np
 
     from bench.overlap_check import ClosedLoop
-    from python_backend.contract import Reason, ServeError
-    from python_backend.records import Answer
+    from python_backend.common.contract import Reason, ServeError
+    from python_backend.scheduling.records import Answer
 
     class Answering:
         """Answers each request a millisecond later, refuses any once stopping, as the

@@ -9,12 +9,12 @@ import pytest
 from builder.families import detect_family
 from builder.tiny_models import save_tiny_model
 from builder.triton_config import read_config
-from python_backend.contract import TOKEN_TYPE_INPUT, ServeError, split_token_types
-from python_backend.decoding import Limits, RequestOptions, decode_request
+from python_backend.common.contract import TOKEN_TYPE_INPUT, ServeError, split_token_types
+from python_backend.common.decoding import Limits, RequestOptions, decode_request
+from python_backend.common.manifest import load_manifest
+from python_backend.common.tokenization import TextTokenizer
 from python_backend.engines import open_engine
 from python_backend.engines.base import run_rows
-from python_backend.manifest import load_manifest
-from python_backend.tokenization import TextTokenizer
 from tests.builder.test_build import build_onnx
 
 torch = pytest.importorskip("torch")

@@ -14,7 +14,7 @@ import pytest
 from builder.families import detect_family
 from builder.spec import BuildError
 from builder.tiny_models import TINY
-from python_backend.decoding import (
+from python_backend.common.decoding import (
     Limits,
     Normalization,
     Prompts,
@@ -22,9 +22,9 @@ from python_backend.decoding import (
     decode_request,
     unit_length,
 )
+from python_backend.common.manifest import load_manifest
+from python_backend.common.tokenization import TextTokenizer
 from python_backend.engines import open_engine
-from python_backend.manifest import load_manifest
-from python_backend.tokenization import TextTokenizer
 from tests.builder.test_build import build_onnx
 
 st = pytest.importorskip("sentence_transformers")
@@ -139,7 +139,7 @@ def test_a_prompt_changes_the_vector_and_an_unknown_one_is_refused(tmp_path, min
     version = build_onnx(tmp_path / "repo", folder, "st", buckets=(32, 64)).version_dir
     plain, query = served(version, TEXTS, None), served(version, TEXTS, "query")
     assert np.abs(plain - query).max() > 1e-3
-    from python_backend.contract import ServeError
+    from python_backend.common.contract import ServeError
 
     with pytest.raises(ServeError, match="'summary' is not a prompt of this model"):
         served(version, TEXTS, "summary")

@@ -14,7 +14,8 @@ import pytest
 
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
-from python_backend.contract import pack_token_types
+from python_backend.common.contract import pack_token_types
+from python_backend.common.manifest import load_manifest
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
 from python_backend.engines.torch_engine import TorchEngine
@@ -24,7 +25,6 @@ from python_backend.engines.torch_modules import (
     TorchModelError,
     load_torch_model,
 )
-from python_backend.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_ABS = 1e-5  # FP32 torch against FP32 ONNX Runtime, on the same padded rows

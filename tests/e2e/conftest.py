@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from builder.triton_config import add_model_variant, add_split_variant
-from python_backend.faults import write_fault_spec
+from python_backend.engines.faults import write_fault_spec
 from tools.triton_server import TritonServer, free_port
 
 pytest.importorskip("pytriton")
@@ -151,7 +151,7 @@ def reference_model():
 @pytest.fixture(scope="session")
 def tokenizer():
     from builder.build import default_model_dir
-    from python_backend.tokenization import TextTokenizer
+    from python_backend.common.tokenization import TextTokenizer
 
     return TextTokenizer(default_model_dir() / "tokenizer.json", 256)
 

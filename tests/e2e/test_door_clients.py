@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from python_backend.contract import CLIENT_PARAMETER
+from python_backend.common.contract import CLIENT_PARAMETER
 from tools.front_door import FrontDoor, FrontDoorSettings
 from tools.triton_server import free_port
 

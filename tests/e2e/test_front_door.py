@@ -572,7 +572,7 @@ def test_the_client_header_is_the_doors_own_and_reaches_the_model(stack, protoco
     """Sent to Triton's own port, a client header of 300 characters reaches the model as a
     request parameter (Triton forwards it) and is refused there by name; through the door the
     same header is replaced by the door's own (the client's address), and the request is served."""
-    from python_backend.contract import CLIENT_PARAMETER
+    from python_backend.common.contract import CLIENT_PARAMETER
 
     forged = {CLIENT_PARAMETER: "x" * 300}
     inputs = text_inputs(protocol, ["who sent this"])

@@ -35,7 +35,7 @@ def test_perf_analyzer_sending_token_ids_is_served_the_rows_the_model_makes_of_t
 
     from bench.harness import token_id_input_data
     from bench.paths import INPUT_DATA
-    from python_backend.manifest import load_manifest
+    from python_backend.common.manifest import load_manifest
 
     version = repository / "minilm" / "1"
     data = token_id_input_data(version, tmp_path / "ids.json")

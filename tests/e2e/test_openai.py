@@ -306,7 +306,7 @@ def test_quantized_vectors_are_sentence_transformers_quantization_of_the_floats(
 
     from sentence_transformers.util.quantization import quantize_embeddings
 
-    from python_backend.manifest import load_manifest
+    from python_backend.common.manifest import load_manifest
 
     floats = api.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
     vectors = np.array([d.embedding for d in floats.data], dtype=np.float32)
@@ -341,7 +341,7 @@ def test_int8_of_shortened_vectors_uses_ranges_of_the_sample_shortened_alike(sta
     ranges of the builder's sample vectors shortened (and renormalised) the same way."""
     from sentence_transformers.util.quantization import quantize_embeddings
 
-    from python_backend.manifest import load_manifest
+    from python_backend.common.manifest import load_manifest
 
     version = stack.repository / "minilm_matryoshka" / "1"
     sample = np.load(version / load_manifest(version).quantization_sample)

@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from python_backend.manifest import load_manifest
+from python_backend.common.manifest import load_manifest
 from testkit.triton_clients import client, infer_error, text_inputs
 from tests.e2e.stack import API_KEY
 from tests.e2e.test_openai import raw

@@ -11,7 +11,7 @@ import pytest
 
 from builder.corpus import corpus_rows
 from builder.triton_config import read_config
-from python_backend.contract import INSTANCE_LABEL
+from python_backend.common.contract import INSTANCE_LABEL
 from testkit.prometheus import Sample, samples_of, scrape
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, text_inputs
 from tests.e2e.conftest import repository_of, start_server

@@ -99,7 +99,7 @@ def test_pinned_fronts_and_owners_run_on_cores_of_their_own(repository, tmp_path
     pin_cores off. Their answers are the same."""
     from bench.harness import add_emulated_split_variant
     from builder.triton_config import add_split_variant, read_config, write_config
-    from python_backend.cpu_pinning import core_order
+    from python_backend.stub.cpu_pinning import core_order
     from tools.serve import child_stubs, stub_model
     from tools.triton_server import TritonServer
 

@@ -206,7 +206,7 @@ def test_bytes_elements_are_bounded_by_the_rows_a_request_may_carry_before_any_w
     """A served model's BYTES input holds one element a row, at most MAX_ROWS_PER_REQUEST rows:
     more is refused from the declared shape, before the check reads a single length prefix (an
     8 MB body of two million empty elements costs no walk)."""
-    from python_backend.contract import MAX_ROWS_PER_REQUEST as rows
+    from python_backend.common.contract import MAX_ROWS_PER_REQUEST as rows
 
     texts = np.array([[b"row"]] * rows, dtype=object)
     for binary in (True, False):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from python_backend.cost_models import (
+from python_backend.common.cost_models import (
     LinearCost,
     MeasuredCost,
     cost_model_from_dict,

@@ -1,4 +1,4 @@
-"""A core of its own per front and owner (python_backend.cpu_pinning): which core, the claims
+"""A core of its own per front and owner (python_backend.stub.cpu_pinning): which core, the claims
 between processes of one server, and every thread of a process pinned."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from python_backend import cpu_pinning
-from python_backend.cpu_pinning import claim_core, core_order, should_pin
+from python_backend.stub import cpu_pinning
+from python_backend.stub.cpu_pinning import claim_core, core_order, should_pin
 
 
 def _topology(root, siblings: dict[int, str]):
@@ -54,7 +54,7 @@ def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from python_backend.cpu_pinning import claim_core\n"
+            "from python_backend.stub.cpu_pinning import claim_core\n"
             f"claim = claim_core({str(tmp_path)!r}, [5], from_end=False)\n"
             "print(claim.core, flush=True)\n"
             "time.sleep(60)\n",
@@ -79,7 +79,7 @@ def test_every_thread_of_the_process_is_pinned_and_new_threads_inherit_it(tmp_pa
     script = textwrap.dedent(
         f"""
         import os, threading, time
-        from python_backend.cpu_pinning import pin_to_free_core
+        from python_backend.stub.cpu_pinning import pin_to_free_core
         stop = threading.Event()
         before = threading.Thread(target=stop.wait)
         before.start()
@@ -111,8 +111,8 @@ def test_the_tokenizers_workers_float_over_every_core_the_rest_stays_pinned(tmp_
         f"""
         import os, threading
         from pathlib import Path
-        from python_backend.cpu_pinning import pin_to_free_core, with_every_core
-        from python_backend.tokenization import TextTokenizer
+        from python_backend.stub.cpu_pinning import pin_to_free_core, with_every_core
+        from python_backend.common.tokenization import TextTokenizer
         tokenizer = TextTokenizer(Path({str(tokenizer_file)!r}), 128)
         claim = pin_to_free_core({str(tmp_path)!r}, owner=False)
         before = set(os.listdir("/proc/self/task"))

@@ -3,15 +3,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from python_backend.contract import ServeError
-from python_backend.decoding import (
+from python_backend.common.contract import ServeError
+from python_backend.common.decoding import (
     Limits,
     Prompts,
     RequestOptions,
     decode_request,
     parse_options,
 )
-from python_backend.tokenization import TextTokenizer
+from python_backend.common.tokenization import TextTokenizer
 
 LIMITS = Limits(max_rows=4, max_length=16, vocab_size=30522)
 KEEP = RequestOptions(truncate=False, timeout_ms=0)
@@ -161,7 +161,7 @@ def test_prompt_names_are_checked(tokenizer):
 
 
 def test_the_client_parameter_is_a_short_string():
-    from python_backend.contract import CLIENT_PARAMETER
+    from python_backend.common.contract import CLIENT_PARAMETER
 
     assert parse_options({CLIENT_PARAMETER: "10.0.0.7"}, True, 0).client == "10.0.0.7"
     assert parse_options({}, True, 0).client == ""
@@ -239,7 +239,7 @@ def test_a_truncation_side_that_is_not_one_is_named(side):
 
 
 def test_normalize_is_the_models_default_unless_a_request_says_otherwise():
-    from python_backend.decoding import Normalization
+    from python_backend.common.decoding import Normalization
 
     pipeline = Normalization(default=True)
     assert pipeline.applies(None) and pipeline.applies(True) and not pipeline.applies(False)
@@ -260,7 +260,7 @@ def test_normalize_is_the_models_default_unless_a_request_says_otherwise():
 
 
 def test_unit_length_scales_each_row_and_leaves_a_zero_row_zero():
-    from python_backend.decoding import unit_length
+    from python_backend.common.decoding import unit_length
 
     rows = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
     out = unit_length(rows)

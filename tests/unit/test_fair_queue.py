@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from python_backend.fair_queue import FairQueue
+from python_backend.scheduling.fair_queue import FairQueue
 
 
 def queue(max_rows: int = 128) -> FairQueue[str]:

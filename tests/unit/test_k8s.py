@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from python_backend.contract import QUEUE_DEPTH_METRIC, SHUTDOWN_DRAIN_S
+from python_backend.common.contract import QUEUE_DEPTH_METRIC, SHUTDOWN_DRAIN_S
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -188,7 +188,7 @@ def test_the_autoscaler_scales_on_a_metric_the_model_exports():
     assert re.fullmatch(rule["name"]["matches"], QUEUE_DEPTH_METRIC)
     # per pod: the instances' queues add up (each carries its own instance label)
     assert rule["metricsQuery"].startswith("sum(")
-    metrics_source = (ROOT / "python_backend" / "metrics.py").read_text()
+    metrics_source = (ROOT / "python_backend" / "stub" / "metrics.py").read_text()
     assert "name=QUEUE_DEPTH_METRIC" in metrics_source
 
 
@@ -251,7 +251,7 @@ def test_project_containers_keep_the_ngc_entrypoint_and_only_gpu_containers_see_
 
 
 def test_the_adapter_rule_sums_the_model_instance_label_not_prometheus_own():
-    from python_backend.contract import INSTANCE_LABEL
+    from python_backend.common.contract import INSTANCE_LABEL
 
     assert INSTANCE_LABEL != "instance"  # Prometheus sets `instance` on every series it scrapes
     text = (K8S / "prometheus-adapter-config.yaml").read_text()

@@ -154,3 +154,48 @@ def test_no_private_name_is_imported_across_modules():
                         if a.name.startswith("_")
                     ]
     assert not offenders
+
+
+# the parts of python_backend, and the parts each may import besides its own (docs/ARCHITECTURE.md,
+# "Code layout"): the Triton glue at the top wires every part; nothing imports the glue
+PARTS: dict[str, set[str]] = {
+    "common": set(),
+    "engines": {"common"},
+    "scheduling": {"common", "engines"},
+    "transport": {"common", "scheduling"},
+    "stub": {"common", "scheduling"},
+    "glue": {"common", "engines", "scheduling", "transport", "stub"},
+}
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else "glue"  # python_backend.<part>.<module>, or the top
+
+
+def test_each_part_of_the_served_code_imports_only_the_parts_below_it():
+    graph = import_graph(("python_backend",))
+    assert {part_of(m) for m in graph} == set(PARTS), "a part is missing from the rule"
+    crossings = {
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if part_of(target) != part_of(module) and part_of(target) not in PARTS[part_of(module)]
+    }
+    assert not crossings, sorted(crossings)
+
+
+@pytest.mark.parametrize("package", ["builder", "openai_api", "body_check", "tools"])
+def test_the_other_packages_never_import_the_triton_glue(package):
+    """The glue imports triton_python_backend_utils, which exists only in Triton's stub."""
+    graph = import_graph((package, "python_backend"))
+    offenders = {
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith(f"{package}.")
+        for target in targets
+        if target.startswith("python_backend.")
+        and part_of(target) == "glue"
+        and target != "python_backend.settings"
+    }
+    assert not offenders, sorted(offenders)

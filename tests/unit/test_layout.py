@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from python_backend.common.manifest import Bucket, LongRows
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, LongRows
 
 
 def layout() -> BucketLayout:

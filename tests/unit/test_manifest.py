@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from python_backend.cost_models import LinearCost
-from python_backend.manifest import (
+from python_backend.common.cost_models import LinearCost
+from python_backend.common.manifest import (
     Bucket,
     LongRows,
     Manifest,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from python_backend.contract import Reason
-from python_backend.metrics import TritonMetrics
+from python_backend.common.contract import Reason
+from python_backend.stub.metrics import TritonMetrics
 from testkit.recording_pb_utils import RecordingPbUtils
 
 
@@ -134,7 +134,7 @@ def published(pb: RecordingPbUtils, name: str) -> dict[str | None, float]:
 
 
 def test_a_histogram_publishes_its_cumulative_buckets_sum_and_count_once_per_flush():
-    from python_backend.metrics import Histogram
+    from python_backend.stub.metrics import Histogram
 
     pb = RecordingPbUtils()
     series = Histogram(pb.MetricFamily, "h_seconds", "test", [0.001, 0.01, 0.1]).series({"m": "x"})

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from builder.opt_shapes import planned_opt_rows, weighted_median
-from python_backend.cost_models import LinearCost
+from python_backend.common.cost_models import LinearCost
+from python_backend.common.manifest import Bucket, LongRows
 from python_backend.engines.base import BucketLayout
-from python_backend.manifest import Bucket, LongRows
 
 CAPTURED = (1, 2, 4, 8, 16, 32, 64)
 

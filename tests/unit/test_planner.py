@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from python_backend.cost_models import LinearCost, MeasuredCost
-from python_backend.planner import (
+from python_backend.common.cost_models import LinearCost, MeasuredCost
+from python_backend.scheduling.planner import (
     PLANNERS,
     padding_efficiency,
     per_bucket_cost,

@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from python_backend.contract import Reason, ServeError
-from python_backend.owner_client import RemoteOwner
-from python_backend.owner_wire import (
+from python_backend.common.contract import Reason, ServeError
+from python_backend.scheduling.records import Answer, Request, never_cancelled
+from python_backend.transport.queue_owner import QueueOwner, owner_endpoint
+from python_backend.transport.remote_owner import RemoteOwner
+from python_backend.transport.wire import (
     SUBMIT,
     WireError,
     decode_answers,
@@ -23,8 +25,6 @@ from python_backend.owner_wire import (
     encode_answers,
     encode_submit,
 )
-from python_backend.queue_owner import QueueOwner, owner_endpoint
-from python_backend.records import Answer, Request, never_cancelled
 from testkit.fake_engine import FakeChecksumEngine
 from testkit.owner_process import fake_owner
 
@@ -288,7 +288,7 @@ def test_a_silent_fronts_queued_rows_are_dropped_and_it_reads_why_on_resuming(en
 
 
 def test_a_front_waiting_for_its_owner_fails_at_once_with_the_owners_reason(endpoint):
-    from python_backend.queue_owner import clear_failure, failure_file, record_failure
+    from python_backend.transport.queue_owner import clear_failure, failure_file, record_failure
 
     def front(wait_s: float) -> RemoteOwner:
         return RemoteOwner(endpoint, WIDTH, wait_s=wait_s, failure_file=failure_file(endpoint))

@@ -6,12 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from python_backend.contract import ErrorKind, Reason, ServeError
-from python_backend.cost_models import LinearCost
-from python_backend.planner import PLANNERS
-from python_backend.policy import Policy, PolicyPlan
-from python_backend.records import Answer, Request
-from python_backend.scheduler import Scheduler, SchedulerMetrics
+from python_backend.common.contract import ErrorKind, Reason, ServeError
+from python_backend.common.cost_models import LinearCost
+from python_backend.scheduling.planner import PLANNERS
+from python_backend.scheduling.policy import Policy, PolicyPlan
+from python_backend.scheduling.records import Answer, Request
+from python_backend.scheduling.scheduler import Scheduler, SchedulerMetrics
 from testkit.fake_engine import FakeChecksumEngine, expected, layout
 
 
@@ -187,7 +187,7 @@ def test_a_non_finite_output_is_never_answered(overlap):
 
 
 def test_finite_rows_are_told_apart_exactly():
-    from python_backend.runners import finite_rows
+    from python_backend.scheduling.runners import finite_rows
 
     outputs = np.ones((5, 8), np.float32)
     assert finite_rows(outputs).tolist() == [True] * 5
@@ -573,7 +573,7 @@ def test_an_answer_says_how_long_it_queued_and_how_long_it_computed():
 def test_ids_are_checked_against_the_vocabulary_by_their_own_bits():
     """Pair rows carry each token's type above the id's bits: those rows are checked by the ids
     themselves, and a negative id is outside any vocabulary."""
-    from python_backend.contract import ids_in_vocabulary, pack_token_types
+    from python_backend.common.contract import ids_in_vocabulary, pack_token_types
 
     ids = np.array([[101, 7, 102, 9, 102]], np.int64)
     types = np.array([[0, 0, 0, 1, 1]], np.int64)

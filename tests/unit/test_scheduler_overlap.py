@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from python_backend.contract import ErrorKind
-from python_backend.records import Answer, Request
-from python_backend.scheduler import Scheduler
+from python_backend.common.contract import ErrorKind
+from python_backend.scheduling.records import Answer, Request
+from python_backend.scheduling.scheduler import Scheduler
 from testkit.fake_engine import FakeChecksumEngine, layout
 from tests.unit.test_scheduler import *  # noqa: F403 (every test, collected again here)
 from tests.unit.test_scheduler import Answers, run_now, scheduler_for

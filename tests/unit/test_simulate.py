@@ -114,8 +114,8 @@ def test_the_served_forwards_are_compared_with_the_table_bucket_by_bucket():
 
 
 def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
+    from python_backend.common.manifest import Bucket
     from python_backend.engines.base import BucketLayout
-    from python_backend.manifest import Bucket
 
     # a served ONNX Runtime model's caps: few rows at the long bucket
     caps = BucketLayout((Bucket(16, 64, 32), Bucket(256, 4, 2)), 256, 64, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from python_backend.stub_python import match_extension_modules
+from python_backend.stub.stub_python import match_extension_modules
 
 
 def test_nothing_changes_where_the_extension_module_loads(tmp_path, monkeypatch):

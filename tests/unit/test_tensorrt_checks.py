@@ -259,7 +259,7 @@ def test_a_forward_is_waited_for_on_a_blocking_event_never_by_spinning_on_the_st
     forwards.done = torch.cuda.Event(blocking=True)
     forwards.stream = SimpleNamespace(synchronize=lambda: calls.append("stream spin"))
     forwards.on_device = lambda: None  # type: ignore[method-assign]
-    from python_backend.contract import ENGINE_INPUTS
+    from python_backend.common.contract import ENGINE_INPUTS
 
     forwards.input_names = ENGINE_INPUTS
     forwards.inputs = {n: torch.zeros(64, dtype=torch.int64) for n in forwards.input_names}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from builder.corpus import corpus_rows
-from python_backend.tokenization import TextTokenizer
+from python_backend.common.tokenization import TextTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,7 @@ def test_a_variant_of_a_gpu_model_keeps_its_instances(tmp_path):
 def test_a_split_build_writes_fronts_and_their_owner_and_a_plain_rebuild_removes_it(tmp_path):
     from builder.build import Progress, write_entry
     from builder.spec import BuildSpec
-    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+    from python_backend.common.contract import OWNER_PARAMETER, SERVES_PARAMETER
     from testkit.fake_engine import layout, manifest_for
 
     manifest = manifest_for(layout())

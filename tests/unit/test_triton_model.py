@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from builder.build import default_model_dir
-from python_backend.cost_models import LinearCost
-from python_backend.faults import FaultInjectingEngine, write_fault_spec
-from python_backend.owners import EngineSource
+from python_backend.common.cost_models import LinearCost
+from python_backend.engines.faults import FaultInjectingEngine, write_fault_spec
+from python_backend.scheduling.owners import EngineSource
 from testkit.fake_engine import FakeChecksumEngine, layout, manifest_for
 from testkit.recording_pb_utils import FakeRequest, RecordingPbUtils, text_request
 
@@ -228,9 +228,8 @@ def test_a_bug_in_decoding_costs_one_request_and_tells_the_client_no_internals(
 def wire(instance, manifest, engine):
     """An instance's scheduler, the cost it plans with and its decoder, as initialize builds
     them: from a manifest and the config's parameters, with no Triton call."""
-    from python_backend.owners import planning_scheduler
     from python_backend.settings import settings_from_parameters
-    from python_backend.triton_model import request_decoder
+    from python_backend.triton_model import planning_scheduler, request_decoder
 
     settings = settings_from_parameters(instance.parameters, instance.model_name)
     scheduler, cost = planning_scheduler(settings, manifest, engine, None, print)
@@ -239,7 +238,7 @@ def wire(instance, manifest, engine):
 
 
 def test_an_instance_is_built_from_a_real_manifest_and_its_parameters(pb, tmp_path):
-    from python_backend.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
+    from python_backend.common.contract import ENGINE_INPUTS, TOKEN_TYPE_INPUT
     from python_backend.triton_model import InstanceArgs
 
     shutil.copy(default_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
@@ -341,7 +340,7 @@ def test_a_gpu_instance_is_pinned_where_asked_and_a_cpu_engine_never(
     import dataclasses
 
     import python_backend.triton_model as triton_model
-    from python_backend.cpu_pinning import Claim
+    from python_backend.stub.cpu_pinning import Claim
 
     asked = []
 
@@ -359,18 +358,18 @@ def test_a_gpu_instance_is_pinned_where_asked_and_a_cpu_engine_never(
     monkeypatch.setattr(sys.modules[__name__], "manifest_for", gpu_manifest)
     model = load_model(pb, monkeypatch, tmp_path, engine, {"pin_cores": setting})
     assert asked == ([True] if pinned else [])  # claimed from the end, as an owner is
-    assert (model.owner.pinned is not None) == pinned
+    assert (model.pinned is not None) == pinned
     model.finalize()
     if pinned:
         with pytest.raises(OSError):  # its claim is given back with the engine
-            os.fstat(model.owner.pinned.fd)
+            os.fstat(model.pinned.fd)
 
 
 @pytest.fixture
 def split(pb, monkeypatch, tmp_path):
     """A front and its queue owner as Triton loads them: the one model class in two roles, each
     told its role by its config, over a fake engine, across a real socket."""
-    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+    from python_backend.common.contract import OWNER_PARAMETER, SERVES_PARAMETER
 
     monkeypatch.setenv("PLANNER_SOCKET_DIR", str(tmp_path / "sockets"))
     engine = ClosingEngine(layout(max_length=64))
@@ -433,7 +432,7 @@ def test_a_request_triton_hands_the_owner_is_refused(pb, split):
 
 
 def test_a_front_fails_its_load_with_the_reason_its_owner_failed(pb, monkeypatch, tmp_path):
-    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+    from python_backend.common.contract import OWNER_PARAMETER, SERVES_PARAMETER
 
     monkeypatch.setenv("PLANNER_SOCKET_DIR", str(tmp_path / "sockets"))
 
@@ -452,7 +451,7 @@ def test_a_front_fails_its_load_with_the_reason_its_owner_failed(pb, monkeypatch
 
 
 def test_a_config_with_both_roles_is_refused_naming_the_rebuild(pb, monkeypatch, tmp_path):
-    from python_backend.contract import OWNER_PARAMETER, SERVES_PARAMETER
+    from python_backend.common.contract import OWNER_PARAMETER, SERVES_PARAMETER
 
     both = {OWNER_PARAMETER: "m_owner", SERVES_PARAMETER: "m"}
     with pytest.raises(ValueError, match="make build"):

@@ -1,6 +1,6 @@
 """The remote owner: a front's handle on its queue owner, in another process across a socket.
 
-It takes what a ``LocalOwner`` takes (``python_backend.owners``): ``submit`` a request, whose
+It takes what a ``LocalOwner`` takes (``scheduling.owners``): ``submit`` a request, whose
 ``respond`` is called once with its answer; ``start``, ``ready``, ``stop``. Triton's ``execute``
 calls ``submit`` (it only appends and wakes the I/O thread); the I/O thread
 owns the DEALER socket: it sends everything pending as one message, reads answers and calls each
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from python_backend.contract import Reason, ServeError
-from python_backend.owner_wire import (
+from python_backend.common.contract import Reason, ServeError
+from python_backend.scheduling.records import Outcome, Request
+from python_backend.transport.wire import (
     ANSWERS,
     HEARTBEAT,
     Wakeup,
@@ -42,7 +43,6 @@ from python_backend.owner_wire import (
     encode_submit,
     received,
 )
-from python_backend.records import Outcome, Request
 
 HEARTBEAT_S = 0.5  # the owner takes a front silent for FRONT_SILENT_S (3 s) as gone
 # how long a request waits before it is first asked whether its client left, and then between

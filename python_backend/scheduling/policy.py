@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from python_backend.cost_models import CostModel
-from python_backend.planner import PLANNERS, Group, PlanLayout, Planner
+from python_backend.common.cost_models import CostModel
+from python_backend.scheduling.planner import PLANNERS, Group, PlanLayout, Planner
 
 
 @dataclass(frozen=True)

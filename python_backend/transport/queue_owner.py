@@ -4,7 +4,7 @@ The fronts do the work that scales with requests (decoding, tokenizing, answerin
 owner does what must see every row: the queue, the planner, the engine (a ``LocalOwner``, which
 ``QueueOwner`` serves to the fronts: each front's ``RemoteOwner`` is its handle on it). Between
 them, ZeroMQ over a Unix socket: the owner binds a ROUTER, each front connects a DEALER, and each
-message is a batch (``owner_wire``): everything a front had pending, every answer ready for one
+message is a batch (``transport.wire``): everything a front had pending, every answer ready for one
 front.
 
 One I/O thread owns the socket (ZeroMQ sockets are not shared between threads). It decodes each
@@ -33,8 +33,10 @@ from functools import partial
 
 import zmq
 
-from python_backend.contract import Reason, ServeError
-from python_backend.owner_wire import (
+from python_backend.common.contract import Reason, ServeError
+from python_backend.scheduling.owners import Owner
+from python_backend.scheduling.records import Outcome, Respond
+from python_backend.transport.wire import (
     CANCEL,
     HEARTBEAT,
     SUBMIT,
@@ -46,8 +48,6 @@ from python_backend.owner_wire import (
     encode_answers,
     received,
 )
-from python_backend.owners import Owner
-from python_backend.records import Outcome, Respond
 
 FRONT_SILENT_S = 3.0  # a front this long without a message is taken as gone (heartbeat: 0.5 s)
 POLL_S = 0.25  # the I/O thread's longest sleep: it checks the fronts' silence this often

@@ -1,7 +1,7 @@
 """The records of one request and its answer: what every owner takes and gives back, whether it
 runs in the model's own process (``owners.LocalOwner``) or in a queue owner across a socket
-(``owner_client.RemoteOwner``, ``owner_wire``); and the scheduler's own records of a queued
-request (``Admitted``), one of its rows (``RowRef``) and a planned forward (``Forward``).
+(``transport.remote_owner.RemoteOwner``, ``transport.wire``); and the scheduler's own records of a
+queued request (``Admitted``), one of its rows (``RowRef``) and a planned forward (``Forward``).
 
 They are plain slotted dataclasses, not frozen ones: a frozen dataclass's __init__ sets each field
 through object.__setattr__, about 3x slower, and building records was a fifth of the queue owner's
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from python_backend.contract import ServeError
+from python_backend.common.contract import ServeError
 
 _CLAIM_LOCK = threading.Lock()  # makes Admitted.claim atomic across threads
 

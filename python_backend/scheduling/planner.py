@@ -64,7 +64,7 @@ from typing import Protocol
 
 import numpy as np
 
-from python_backend.cost_models import CostModel, LinearCost, cost_row
+from python_backend.common.cost_models import CostModel, LinearCost, cost_row
 
 # (padded_length, row indices in arrival order): one forward.
 Group = tuple[int, list[int]]

@@ -10,8 +10,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from python_backend.contract import INSTANCE_LABEL, QUEUE_DEPTH_METRIC, Reason
-from python_backend.scheduler import SchedulerMetrics
+from python_backend.common.contract import INSTANCE_LABEL, QUEUE_DEPTH_METRIC, Reason
+from python_backend.scheduling.scheduler import SchedulerMetrics
 
 F = TypeVar("F", bound=Callable[..., None])
 

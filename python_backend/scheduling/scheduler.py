@@ -40,14 +40,14 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from python_backend.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
-from python_backend.cost_models import CostModel
+from python_backend.common.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
+from python_backend.common.cost_models import CostModel
 from python_backend.engines.base import BucketLayout, Engine, pad_rows
-from python_backend.fair_queue import FairQueue
-from python_backend.planner import Group, per_bucket_cost, plan_cost
-from python_backend.policy import BudgetLayout, Policy, QueuedRows, policy_named
-from python_backend.records import Admitted, Answer, Forward, Outcome, Request, RowRef
-from python_backend.runners import Ran, finite_rows, runner_for
+from python_backend.scheduling.fair_queue import FairQueue
+from python_backend.scheduling.planner import Group, per_bucket_cost, plan_cost
+from python_backend.scheduling.policy import BudgetLayout, Policy, QueuedRows, policy_named
+from python_backend.scheduling.records import Admitted, Answer, Forward, Outcome, Request, RowRef
+from python_backend.scheduling.runners import Ran, finite_rows, runner_for
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
 

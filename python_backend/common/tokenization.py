@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from python_backend.contract import pack_token_types
+from python_backend.common.contract import pack_token_types
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     ENGINE_INPUTS,
     FAMILIES,
     FAMILY_CONTRACTS,
     FAMILY_OUTPUTS,
     TOKEN_TYPE_INPUT,
 )
-from python_backend.cost_models import (
+from python_backend.common.cost_models import (
     CostModel,
     StoredCost,
     cost_model_from_dict,
     cost_model_to_dict,
 )
-from python_backend.engine_profiles import Bucket, EngineProfiles, LongRows, engine_profiles
+from python_backend.common.engine_profiles import Bucket, EngineProfiles, LongRows, engine_profiles
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 3

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from python_backend.engines.base import Engine, run_padded
-from python_backend.records import Forward
+from python_backend.scheduling.records import Forward
 
 
 def finite_rows(outputs: np.ndarray) -> np.ndarray:

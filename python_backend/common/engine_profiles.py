@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from python_backend.contract import ENGINE_INPUTS
+from python_backend.common.contract import ENGINE_INPUTS
 
 Shape = tuple[int, int]  # [B, T]
 

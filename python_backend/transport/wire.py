@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import zmq
 
-from python_backend.contract import Reason, ServeError
-from python_backend.records import Answer, Outcome, Request, Respond
+from python_backend.common.contract import Reason, ServeError
+from python_backend.scheduling.records import Answer, Outcome, Request, Respond
 
 SUBMIT, CANCEL, ANSWERS = b"submit", b"cancel", b"answers"
 HEARTBEAT = b"alive"  # a front with nothing to send says it still runs

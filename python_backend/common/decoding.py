@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.contract import (
+from python_backend.common.contract import (
     CLIENT_PARAMETER,
     MAX_CLIENT_NAME,
     MAX_ID_COLUMNS,
@@ -27,7 +27,7 @@ from python_backend.contract import (
     ServeError,
     too_long_message,
 )
-from python_backend.tokenization import TextTokenizer
+from python_backend.common.tokenization import TextTokenizer
 
 
 @dataclass(frozen=True)
