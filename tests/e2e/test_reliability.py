@@ -145,11 +145,13 @@ def test_bad_requests_do_not_disturb_concurrent_good_ones(server, tokenizer, ref
 
 def test_a_full_queue_refuses_at_once_with_unavailable(server):
     """max_queue_rows is 8 on this model: a burst of 8-row requests overflows it."""
-    c = client(server, "http", concurrency=16)
     texts = long_texts(8)
     started = time.monotonic()
+    # a client per thread: tritonclient's HTTP client is not shared between threads
     with ThreadPoolExecutor(16) as pool:
-        outcomes = list(pool.map(lambda _: _try(c, "minilm_small_queue", texts), range(16)))
+        outcomes = list(
+            pool.map(lambda _: _try(client(server, "http"), "minilm_small_queue", texts), range(16))
+        )
     answered = [o for o in outcomes if not isinstance(o, Exception)]
     refused = [o for o in outcomes if isinstance(o, Exception)]
     assert answered, "the first requests are served"
