@@ -58,12 +58,12 @@ serve: setup $(MANIFEST)
 bench-planner: setup
 	$(PY) -m bench.planner
 
-# the planner model beside Triton's dynamic batcher, under perf_analyzer, then beside Infinity
-# (installed into build/infinity-venv on first use) with one HTTP client; then a light client
-# beside a heavy one (all into docs/PERFORMANCE.md)
+# the planner model beside Triton's dynamic batcher under perf_analyzer, and the front door's and
+# the OpenAI route's costs; then beside Infinity (installed into build/infinity-venv on first use)
+# with one HTTP client; then a light client beside a heavy one (all into docs/PERFORMANCE.md)
 bench: setup
 	$(PY) -m bench.serving
-	$(PY) -m bench.infinity_peer
+	$(PY) -m bench.serving --peer infinity --measurement-ms 8000 --rounds 2
 	$(PY) -m bench.fairness
 
 # the simulator: validated against the real server here, then the planner at GPU-speed forwards;

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -217,36 +217,12 @@ def linear_table(
     return CostTable(name, "synthetic", seconds, fixed_tokens, layout or tensorrt_layout())
 
 
-def slowed_table(table: CostTable, extra_s: float) -> CostTable:
-    """The same table with ``extra_s`` more on every forward (what an emulated engine's wait
-    takes beyond the table's time)."""
-
-    def seconds(rows: int, length: int) -> float:
-        return table.seconds(rows, length) + extra_s
-
-    return CostTable(
-        table.name,
-        f"{table.source}, +{extra_s * 1e6:.0f} us a forward",
-        seconds,
-        table.fixed_tokens,
-        table.layout,
-        table.version_dir,
-    )
-
-
 def scaled_table(table: CostTable, factor: float) -> CostTable:
     """The same table with every forward ``factor`` times as long."""
-
-    def seconds(rows: int, length: int) -> float:
-        return table.seconds(rows, length) * factor
-
-    return CostTable(
-        table.name,
-        f"{table.source}, x{factor:.2f}",
-        seconds,
-        table.fixed_tokens,
-        table.layout,
-        table.version_dir,
+    return replace(
+        table,
+        source=f"{table.source}, x{factor:.2f}",
+        seconds=lambda rows, length: table.seconds(rows, length) * factor,
     )
 
 

@@ -40,8 +40,8 @@ class PythonBackendFloorModel:
     and answers zeros of the output's shape from a thread of its own through the request's
     response sender (as the fronts answer). No queue, no owner, no planner: what it costs per
     request, in its stub and in Triton, is what any design built on this backend pays at least
-    (bench.fronts ``--floor``). Its process is pinned to a core where ``pin_cores`` asks, as a
-    front's is."""
+    (``python -m bench.serving --layouts floor``). Its process is pinned to a core where
+    ``pin_cores`` asks, as a front's is."""
 
     def initialize(self, args: dict[str, str]) -> None:
         import queue
@@ -58,7 +58,7 @@ class PythonBackendFloorModel:
 
         self.pb_utils = pb_utils
         instance = parse_args(args)
-        # pinned as a front is, where its pin_cores setting asks (bench.fronts --pin-cores)
+        # pinned as a front is, where its pin_cores setting asks (bench.serving --pin-cores)
         settings = settings_from_parameters(instance.parameters, instance.model_name)
         self.pinned = pin_if_asked(settings.pin_cores, instance.instance_name, owner=False)
         manifest = load_manifest(instance.version_dir)

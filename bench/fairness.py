@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 from bench.cost_tables import cost_table
 from bench.docs import publish, render
 from bench.errors import reports_errors
-from bench.harness import add_emulated_variant, build_repository, request_rows
+from bench.harness import add_variant, alternating, build_repository, request_rows
 from bench.paths import ROOT
 from python_backend.common.contract import CLIENT_PARAMETER
 from tools.serve import client_forward_args
@@ -135,7 +135,7 @@ def main() -> int:
     repository, _ = build_repository(args.repository, rebuild=False)
     source = repository / "planner_dp"
     table = f"manifest:{source}"
-    add_emulated_variant(repository, "planner_dp", MODEL, table)
+    add_variant(repository, "planner_dp", MODEL, table)
     forward_s = cost_table(table)
     layout = forward_s.layout
     longest_ms = 1e3 * max(
@@ -157,18 +157,17 @@ def main() -> int:
             asyncio.run(phase(url, rows, None, 2.0))  # warm
             alone = asyncio.run(phase(url, rows, None, args.seconds))
             points.append(LightPoint("alone", *alone))
-            for r in range(args.rounds):
-                order = [("shared queue", "light"), ("one queue", "heavy")]
-                for name, light_name in order if r % 2 == 0 else order[::-1]:
-                    got = asyncio.run(phase(url, rows, light_name, args.seconds))
-                    points.append(LightPoint(name, *got))
-                    p = points[-1]
-                    print(
-                        f"round {r + 1} {name:<13} p50 {p.percentile(50):8.1f} ms  p99 "
-                        f"{p.percentile(99):8.1f} ms  answered {len(p.latencies_ms)}  refused "
-                        f"{p.refused}",
-                        flush=True,
-                    )
+            phases = [("shared queue", "light"), ("one queue", "heavy")]
+            for r, (name, light_name) in alternating(phases, args.rounds):
+                got = asyncio.run(phase(url, rows, light_name, args.seconds))
+                points.append(LightPoint(name, *got))
+                p = points[-1]
+                print(
+                    f"round {r + 1} {name:<13} p50 {p.percentile(50):8.1f} ms  p99 "
+                    f"{p.percentile(99):8.1f} ms  answered {len(p.latencies_ms)}  refused "
+                    f"{p.refused}",
+                    flush=True,
+                )
     table_lines = [
         "| phase | answered | refused (503) | p50 ms | p99 ms |",
         "|---|---|---|---|---|",

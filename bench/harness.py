@@ -1,16 +1,17 @@
 """The benchmarks' harness: no command lines and no report prose, only what they share.
 
 - bench repositories: ``build_repository`` (the bench model and its variants over one set of
-  engine files) and ``add_emulated_variant`` (a variant over the emulated engine);
-- measuring: ``measure`` and ``warm_up``, the only callers of perf_analyzer here;
-- the loopback door and the OpenAI adapter, started beside a bench server.
+  engine files) and ``add_variant`` (one more, in a layout, over the emulated engine or not);
+- measuring: ``measure`` and ``warm_up``, the only callers of perf_analyzer here, and
+  ``alternating``, the order every side-by-side comparison measures its variants in.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -20,10 +21,9 @@ from bench.paths import INPUT_DATA, SAMPLE
 from builder.build import build
 from builder.spec import BuildError, BuildSpec
 from builder.triton_config import add_model_variant, add_split_variant, write_config
-from tools.front_door import FrontDoorSettings
-from tools.helpers import HelperProcess, body_check, openai_adapter
+from python_backend.common.contract import OWNER_SUFFIX
 from tools.perf_analyzer import PerfPoint, run_perf_analyzer
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer
 
 MODELS = ("planner_dp", "planner_per_bucket", "dynamic_batcher")
 PEER = "dynamic_batcher"
@@ -34,7 +34,7 @@ from bench.dynamic_batching_model import TritonPythonModel
 __all__ = ["TritonPythonModel"]
 '''
 PEER_QUEUE_DELAY_US = 2000
-OPENAI_MODEL = "planner_dp"  # the model the adapter serves in the benchmarks
+V = TypeVar("V")
 
 
 def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
@@ -57,14 +57,18 @@ def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
     return target, summary.read_text().splitlines()
 
 
+def request_texts() -> list[str]:
+    """The bench's requests' texts (bench/data/perf_input.json), one row each."""
+    return [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
+
+
 def request_rows(version_dir: Path) -> list[np.ndarray]:
     from python_backend.common.manifest import load_manifest
     from python_backend.common.tokenization import TextTokenizer
 
     manifest = load_manifest(version_dir)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, manifest.max_length)
-    texts = [d["TEXT"]["content"][0] for d in json.loads(INPUT_DATA.read_text())["data"]]
-    return tokenizer.encode(texts, truncate=True)
+    return tokenizer.encode(request_texts(), truncate=True)
 
 
 def token_id_input_data(version_dir: Path, path: Path) -> Path:
@@ -78,14 +82,11 @@ def token_id_input_data(version_dir: Path, path: Path) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class LoadPoint:
-    """One model measured at one concurrency: perf_analyzer's point, and whether its windows
-    settled (an unsettled one is marked in the tables)."""
-
-    concurrency: int
-    point: PerfPoint
-    stable: bool
+def alternating(variants: Sequence[V], rounds: int) -> Iterator[tuple[int, V]]:
+    """(round, variant): every variant once a round, in an order that flips every round, so
+    that the shared machine's drift falls on all alike."""
+    for r in range(rounds):
+        yield from ((r, v) for v in (variants if r % 2 == 0 else variants[::-1]))
 
 
 def measure(
@@ -97,10 +98,10 @@ def measure(
     rate: float | None = None,
     rows_per_request: int = 1,
     input_data: Path = INPUT_DATA,
-) -> tuple[PerfPoint, bool]:
+) -> tuple[PerfPoint, str]:
     """One point: stable within 30% over 3 windows if the shared machine allows, else the last
-    windows as they were (marked unstable in the table). ``input_data``: the requests, real
-    text by default (``token_id_input_data``: the same as token ids)."""
+    windows as they were, noted "unstable" (the note is "" otherwise). ``input_data``: the
+    requests, real text by default (``token_id_input_data``: the same as token ids)."""
     csv_path = tmp / f"{model}-{concurrency}-{rate}.csv"
     # (windows at most, stability wanted): strict first; the shared machine may not allow it
     for max_trials, stability in ((6, 30), (3, 1000)):
@@ -117,19 +118,11 @@ def measure(
                 stability_percent=stability,
                 rows_per_request=rows_per_request,
             )
-            return row, stability < 1000
+            return row, "" if stability < 1000 else "unstable"
         except RuntimeError as err:
             if "stable" not in str(err) or stability >= 1000:
                 raise
     raise AssertionError("unreachable: the last attempt accepts any window")
-
-
-def print_point(label: str, point: PerfPoint) -> None:
-    print(
-        f"{label} {point.rows_per_s:8.1f} rows/s  p50 {point.p50_ms:8.1f}  "
-        f"p99 {point.p99_ms:8.1f} ms",
-        flush=True,
-    )
 
 
 def warm_up(server: TritonServer, tmp: Path, models, concurrency: int = 4) -> None:
@@ -148,66 +141,29 @@ def warm_up(server: TritonServer, tmp: Path, models, concurrency: int = 4) -> No
         )
 
 
-def start_adapter(server: TritonServer, port: int, log: Path) -> HelperProcess:
-    """The OpenAI adapter for OPENAI_MODEL on loopback ``port``, as the launcher starts it."""
-    return openai_adapter(f"127.0.0.1:{server.grpc_port}", port, [OPENAI_MODEL], log).start()
-
-
-def start_body_check(server: TritonServer, ports: tuple[int, int], log: Path) -> HelperProcess:
-    """The body check on loopback (HTTP, gRPC) ``ports``, as the launcher starts it."""
-    triton = (f"127.0.0.1:{server.http_port}", f"127.0.0.1:{server.grpc_port}")
-    return body_check(*triton, *ports, FrontDoorSettings.max_body_size, log).start()
-
-
-def loopback_door(
-    server: TritonServer, openai_port: int, check_ports: tuple[int, int] | None = None
-) -> FrontDoorSettings:
-    """A front door on loopback ports of its own, in front of ``server`` and an adapter; its
-    inference calls go to a body check on ``check_ports`` (HTTP, gRPC), or, with None, straight
-    to Triton: the door as it was before the check, for a comparison."""
-    http, grpc = check_ports or (server.http_port, server.grpc_port)
-    return FrontDoorSettings(
-        triton_http_address=f"127.0.0.1:{server.http_port}",
-        triton_grpc_address=f"127.0.0.1:{server.grpc_port}",
-        triton_metrics_address=f"127.0.0.1:{server.metrics_port}",
-        openai_address=f"127.0.0.1:{openai_port}",
-        check_http_address=f"127.0.0.1:{http}",
-        check_grpc_address=f"127.0.0.1:{grpc}",
-        public_address="127.0.0.1",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-    )
-
-
-def add_emulated_variant(
+def add_variant(
     repository: Path,
     source: str,
     name: str,
-    table: str,
+    table: str | None,
     instances: int | None = None,
+    fronts: int = 0,
     parameters: dict[str, str] | None = None,
-) -> None:
-    """A variant of ``source`` served over the emulated engine with ``table`` (``zero``, or a
-    cost table such as ``table:a30``): its own model.py and emulated_table.txt, never the
-    builder's. ``instances``: the instance count, where it differs from the source's;
-    ``parameters``: settings laid over the source's."""
-    config = add_model_variant(repository, source, name, parameters, model_py=EMULATED_MODEL_PY)
-    if instances is not None:
-        config.instance_group[0].count = instances
-        write_config(config, repository / name)
-    (repository / name / "1" / TABLE_FILE).write_text(table + "\n")
-
-
-def add_emulated_split_variant(
-    repository: Path,
-    source: str,
-    name: str,
-    table: str,
-    fronts: int,
-    parameters: dict[str, str] | None = None,
-) -> None:
-    """``source`` in the split layout (``fronts`` fronts and ``name``_owner), the owner over the
-    emulated engine with ``table`` (the fronts decode as the project's own)."""
-    add_split_variant(repository, source, name, fronts, parameters, model_py=EMULATED_MODEL_PY)
-    (repository / name / "1" / TABLE_FILE).write_text(table + "\n")
+) -> tuple[str, ...]:
+    """A variant of ``source`` over its engine files; returns the models that serve it. Its
+    forwards run on the emulated engine with ``table`` (``zero``, or a cost table such as
+    ``table:a30``: its own model.py and emulated_table.txt, never the builder's), or, with None,
+    on ``source``'s engine. ``fronts`` > 0: the split layout (``fronts`` fronts and
+    ``name``_owner; the fronts decode as the project's own); else ``instances``, where given,
+    is its instance count. ``parameters``: settings laid over the source's."""
+    emulated = {} if table is None else {"model_py": EMULATED_MODEL_PY}
+    if fronts:
+        add_split_variant(repository, source, name, fronts, parameters, **emulated)
+    else:
+        config = add_model_variant(repository, source, name, parameters, **emulated)
+        if instances is not None:
+            config.instance_group[0].count = instances
+            write_config(config, repository / name)
+    if table is not None:
+        (repository / name / "1" / TABLE_FILE).write_text(table + "\n")
+    return (name, f"{name}{OWNER_SUFFIX}") if fronts else (name,)

@@ -40,13 +40,9 @@ from bench.paths import ROOT
 
 OUTPUT_DIM = 384
 VOCAB_SIZE = 30522  # the owner's forwards check ids against the vocabulary, as served
-PLANNER_OVERHEAD_TOKENS = 128.0
+PLANNER_OVERHEAD_TOKENS = 128.0  # the planner's fixed cost of a forward, in padded tokens
 # --overlap: the owner's forwards on an engine thread (Scheduler overlap), or not, or both
-OVERLAP = {
-    "off": (False,),
-    "on": (True,),
-    "both": (False, True),
-}  # the planner's fixed cost of a forward, in padded tokens
+OVERLAP = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
 class WaitingEngine:
@@ -189,9 +185,6 @@ class OwnerRound:
     scheduler_share: float
     feeder_share: float
 
-    def us_per_request(self, share: float, rows_per_request: int) -> float:
-        return share / (self.rows_per_s / rows_per_request) * 1e6
-
 
 def one_round(
     rows_per_request: int,
@@ -205,19 +198,10 @@ def one_round(
     owner's forwards waiting ``table``'s time (on an engine thread with ``overlap``)."""
     with tempfile.TemporaryDirectory() as tmp:
         endpoint = f"ipc://{tmp}/owner.sock"
+        me = [sys.executable, "-m", "bench.owner_alone"]
+        serve = ["--serve", endpoint, "--table", table, "--overlap", "on" if overlap else "off"]
         owner = subprocess.Popen(
-            [
-                *pinned(0),
-                sys.executable,
-                "-m",
-                "bench.owner_alone",
-                "--serve",
-                endpoint,
-                "--table",
-                table,
-                "--overlap",
-                "on" if overlap else "off",
-            ],
+            [*pinned(0), *me, *serve],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -228,26 +212,12 @@ def one_round(
             ready = owner.stdout.readline().split()
             if not ready or ready[0] != "ready":
                 raise BenchError("the owner process did not start")
+            feed = ["--feed", endpoint, "--owner-pid", str(owner.pid)]
+            feed += ["--scheduler-thread", ready[1], "--rows-per-request", str(rows_per_request)]
+            feed += ["--clients", str(max(1, clients // feeders)), "--seconds", str(seconds)]
             feeding = [
                 subprocess.Popen(
-                    [
-                        *pinned(1 if (os.cpu_count() or 1) > 1 else 0),
-                        sys.executable,
-                        "-m",
-                        "bench.owner_alone",
-                        "--feed",
-                        endpoint,
-                        "--owner-pid",
-                        str(owner.pid),
-                        "--scheduler-thread",
-                        ready[1],
-                        "--rows-per-request",
-                        str(rows_per_request),
-                        "--clients",
-                        str(max(1, clients // feeders)),
-                        "--seconds",
-                        str(seconds),
-                    ],
+                    [*pinned(1 if (os.cpu_count() or 1) > 1 else 0), *me, *feed],
                     cwd=ROOT,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -317,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
+    from bench.harness import alternating  # not in the owner's and feeders' processes
+
     sizes = [int(n) for n in args.rows_per_request.split(",")]
     print(
         "| rows per request | feeders | overlap | round | rows/s | owner CPU (share of its core) "
@@ -325,16 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for n in sizes:
         for feeders in (int(f) for f in args.feeders.split(",")):
-            for r in range(args.rounds):
-                for overlap in OVERLAP[args.overlap] if r % 2 == 0 else OVERLAP[args.overlap][::-1]:
-                    got = one_round(n, args.clients, args.seconds, feeders, args.table, overlap)
-                    print(
-                        f"| {n} | {feeders} | {'on' if overlap else 'off'} | {r + 1} "
-                        f"| {got.rows_per_s:.0f} | {got.owner_share:.0%} "
-                        f"| {got.scheduler_share:.0%} | {got.feeder_share:.0%} "
-                        f"| {got.rows_per_s / max(got.owner_share, 1e-9):.0f} |",
-                        flush=True,
-                    )
+            for r, overlap in alternating(OVERLAP[args.overlap], args.rounds):
+                got = one_round(n, args.clients, args.seconds, feeders, args.table, overlap)
+                print(
+                    f"| {n} | {feeders} | {'on' if overlap else 'off'} | {r + 1} "
+                    f"| {got.rows_per_s:.0f} | {got.owner_share:.0%} "
+                    f"| {got.scheduler_share:.0%} | {got.feeder_share:.0%} "
+                    f"| {got.rows_per_s / max(got.owner_share, 1e-9):.0f} |",
+                    flush=True,
+                )
     return 0
 
 

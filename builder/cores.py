@@ -5,7 +5,8 @@ the queue owner, and a front serves at most one request per its serial time (its
 hand-offs between Triton and its stub). Fronts stop being the bound once K / serial time reaches
 what the cores allow, C / (the server's CPU per request): K = C x serial / CPU per request.
 Measured here for one-row requests, the case that needs the most fronts (`python -m
-bench.cpu_model measure --pin-cores both` at commit 300a3c7; docs/PERFORMANCE.md): 736 us of a
+bench.cpu_model measure --pin-cores both` at commit 300a3c7, docs/PERFORMANCE.md; today `python -m
+bench.serving --layouts one,fronts:1,fronts:2 --pin-cores both` measures the same): 736 us of a
 front's serial time against 910 us of CPU per request (Triton 316, a front 557, the owner 37),
 so 0.8 of the cores; with 64-row requests 0.7 would do.
 """

@@ -76,7 +76,7 @@ def server_time_per_row(
     take no time), in a scratch repository (the model's own repository is never written), served
     by the real Triton under perf_analyzer with ``concurrency`` rows in flight, in requests of
     ``rows_per_request`` rows. Microseconds per row."""
-    from bench.harness import add_emulated_variant, measure, warm_up
+    from bench.harness import add_variant, measure, warm_up
     from tools.triton_server import TritonServer
 
     model_dir = Path(version_dir).resolve().parent
@@ -85,7 +85,7 @@ def server_time_per_row(
     source = repository / model_dir.name
     if not source.exists():
         source.symlink_to(model_dir)
-    add_emulated_variant(repository, model_dir.name, EMULATED, "zero")
+    add_variant(repository, model_dir.name, EMULATED, "zero")
     server = TritonServer.loading_only(repository, (EMULATED,), tmp / "server-time.log")
     with server:
         warm_up(server, tmp, (EMULATED,), concurrency)

@@ -97,7 +97,7 @@ def test_pinned_fronts_and_owners_run_on_cores_of_their_own(repository, tmp_path
     over a GPU-like engine on the last;
     an owner whose engine computes on the CPU stays on every core, and so does a front with
     pin_cores off. Their answers are the same."""
-    from bench.harness import add_emulated_split_variant
+    from bench.harness import add_variant
     from builder.triton_config import add_split_variant, read_config, write_config
     from python_backend.stub.cpu_pinning import core_order
     from tools.serve import child_stubs, stub_model
@@ -106,7 +106,7 @@ def test_pinned_fronts_and_owners_run_on_cores_of_their_own(repository, tmp_path
     own = tmp_path / "repository"
     own.mkdir()
     (own / "minilm").symlink_to(repository / "minilm", target_is_directory=True)
-    add_emulated_split_variant(own, "minilm", "gpu_like", "zero", 1, {"pin_cores": "on"})
+    add_variant(own, "minilm", "gpu_like", "zero", fronts=1, parameters={"pin_cores": "on"})
     add_split_variant(own, "minilm", "on_cpu", fronts=1, parameters={"pin_cores": "on"})
     front = read_config(own / "on_cpu" / "config.pbtxt")
     front.parameters["pin_cores"].string_value = "off"  # only its owner asks

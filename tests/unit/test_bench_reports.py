@@ -56,26 +56,25 @@ def test_render_names_a_missing_and_an_unused_field(tmp_path, monkeypatch):
 
 
 def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
-    from bench.harness import MODELS, PEER, LoadPoint
-    from bench.serving import report
+    from bench.harness import MODELS, PEER
+    from bench.serving import Run, report
     from tools.perf_analyzer import PerfPoint
 
-    def at(c: int, rate: float, p99: float, stable: bool = True) -> LoadPoint:
-        return LoadPoint(c, PerfPoint(rate, p99 / 2, p99 * 0.8, p99), stable)
+    def at(c: int, model: str, rate: float, p99: float, stable: bool = True) -> Run:
+        point = PerfPoint(rate, p99 / 2, p99 * 0.8, p99)
+        return Run(0, c, model, point, "" if stable else "unstable")
 
     rates = {"planner_dp": 300.0, "planner_per_bucket": 200.0, PEER: 100.0}
-    results = {
-        m: [at(c, rates[m] * c, 10.0 * c, stable=m != PEER) for c in (8, 64)] for m in MODELS
-    }
+    runs = [at(c, m, rates[m] * c, 10.0 * c, stable=m != PEER) for c in (8, 64) for m in MODELS]
     text = report(
-        results,
+        runs,
         60000.0,
         [10, 20, 30],
         ["[2/6] choose buckets"],
         [8, 64],
         4000,
         3200.0,
-        {m: at(1, 1.0, 5.0 if m == PEER else 4.0) for m in ("planner_dp", PEER)},
+        [at(1, m, 1.0, 5.0 if m == PEER else 4.0) for m in ("planner_dp", PEER)],
     )
     assert "| 64 | planner_dp | 19200.0 | 384000 | 320 | 512 | 640 | 3.00x | 1.00x |" in text
     assert (
