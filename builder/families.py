@@ -318,6 +318,29 @@ def _is_causal_lm(model_dir: Path, config: dict[str, Any]) -> bool:
     return causal or bool(config.get("is_decoder"))
 
 
+def _decoder_model_type(model_type: str) -> bool:
+    """A model type transformers builds as a causal LM and never as a masked LM: Llama, Qwen2,
+    Qwen3, Mistral, Gemma, GPT-2, ... (BERT, RoBERTa and kin have both heads)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return (
+        model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+def decoder_architecture(model_dir: Path) -> bool:
+    """The model is a decoder, whatever family it is built as: detected as a causal LM (its
+    architectures, or ``is_decoder``), or a decoder model type under another head (a Qwen2 or
+    Llama sequence classifier, a decoder embedder). Its activations overflow FP16: the build's
+    default precision follows (``builder.precision``)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return _is_causal_lm(model_dir, config) or _decoder_model_type(str(config.get("model_type")))
+
+
 def wrap_embedding(model_dir: Path, config: Any, score_token_ids: list[int] | None) -> Wrapped:
     from transformers import AutoModel
 

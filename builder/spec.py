@@ -16,7 +16,7 @@ from python_backend.common.contract import FAMILIES
 
 ENGINE_CHOICES = ("auto", "tensorrt", "onnxruntime", "torch")
 FAMILY_CHOICES = ("auto", *FAMILIES)
-PRECISION_CHOICES = ("fp32", "fp16")
+PRECISION_CHOICES = ("fp32", "fp16", "bf16")
 COST_MODEL_CHOICES = ("affine", "measured", "linear")
 
 
@@ -59,7 +59,7 @@ class BuildSpec:
     )
     engine: str = _opt(
         "auto: TensorRT where it and a GPU are present, else ONNX Runtime; torch: the model's "
-        "own module, FP16 with CUDA graphs on a GPU (FP32 on the CPU)",
+        "own module, with CUDA graphs on a GPU (FP32 on the CPU)",
         default="auto",
         choices=ENGINE_CHOICES,
     )
@@ -94,8 +94,10 @@ class BuildSpec:
     )
     max_batch: int = _opt("most rows per forward", default=64)
     precision: str | None = _opt(
-        "engine precision (default: fp16 on TensorRT, fp32 on ONNX Runtime; torch: fp16 where "
-        "a GPU is visible, else fp32)",
+        "engine precision (default by architecture, builder/precision.py: encoders fp16 on "
+        "TensorRT and on torch with a GPU; decoders (Qwen, Llama, ...), whose activations "
+        "overflow FP16, fp32 on TensorRT and bf16 on torch with a GPU that has it, else fp32; "
+        "ONNX Runtime and torch without a GPU: fp32). bf16: torch only",
         default=None,
         choices=PRECISION_CHOICES,
     )

@@ -7,6 +7,11 @@ at the batch the planner really runs there (``builder.opt_shapes``). An optional
 at their exact length. A timing cache file is reused across builds: rebuilding after a bucket
 change re-times only new shapes.
 
+In FP16 the pooling and L2 normalisation stay in FP32: their layers (the graph's nodes under
+``torch_modules.FP32_SCOPES``, ``builder.precision.fp32_layers``) are constrained to FP32
+computation and FP32 outputs, and the builder obeys the constraints (a build that cannot fails
+instead of falling back): a mean over a long row of FP16 hidden states would overflow FP16.
+
 TensorRT only exists on GPU nodes (NVIDIA's containers); this module is type-checked against the
 TensorRT 10.13 stubs everywhere and run on the node.
 """
@@ -18,10 +23,23 @@ from pathlib import Path
 
 import tensorrt as trt
 
+from builder.precision import fp32_layers
 from builder.timing_cache import save_timing_cache, use_timing_cache, write_atomically
 from python_backend.common.engine_profiles import EngineProfiles
 
 WORKSPACE_BYTES = 8 << 30
+
+
+def keep_pooling_in_fp32(network: trt.INetworkDefinition) -> int:
+    """Constrains the pooling and normalisation layers to compute and output FP32 (TensorRT 10's
+    per-layer precision of weakly typed networks); returns how many layers were constrained."""
+    pinned = 0
+    for layer in fp32_layers(network, trt.float32):
+        layer.precision = trt.float32
+        for i in range(layer.num_outputs):
+            layer.set_output_type(i, trt.float32)
+        pinned += 1
+    return pinned
 
 
 def build_engine(
@@ -47,6 +65,10 @@ def build_engine(
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
     if precision == "fp16":
         config.set_flag(trt.BuilderFlag.FP16)
+        pinned = keep_pooling_in_fp32(network)
+        if pinned:
+            config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+            log(f"{pinned} pooling and normalisation layers constrained to FP32")
     use_timing_cache(config, timing_cache_path, log)
 
     # every graph input takes the same [B, T] range: ids, mask, and token types for pair models

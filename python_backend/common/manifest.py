@@ -9,7 +9,9 @@ Loading validates every field and names the one that is wrong, so a bad build fa
 load with a message, not later mid-request.
 
 Format 1 (before the input names and profiles were written) is still read: its ``pair_input``
-flag names the token-type input.
+flag names the token-type input. A manifest without ``device`` (written before a torch build
+could run FP32 or BF16 on a GPU) runs where its engine kind and precision said then: TensorRT on
+a GPU, torch on a GPU where FP16, everything else on the CPU.
 """
 
 from __future__ import annotations
@@ -45,7 +47,14 @@ ENGINE_FILES: dict[str, tuple[str, ...]] = {
     "torch": ("torch_model.safetensors", "torch_model.json"),  # weights, how to rebuild
 }
 ENGINE_KINDS = tuple(ENGINE_FILES)
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEVICES = ("gpu", "cpu")
+# the precisions each engine kind runs (bf16: the torch engine on a GPU with BF16)
+ENGINE_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32",),
+    "tensorrt": ("fp32", "fp16"),
+    "torch": PRECISIONS,
+}
 
 
 class ManifestError(ValueError):
@@ -66,7 +75,7 @@ class Manifest:
     max_batch: int  # the server's cap on rows per forward
     engine_kind: str  # onnxruntime | tensorrt | torch
     engine_files: tuple[str, ...]  # relative to the version folder
-    precision: str  # fp32 | fp16
+    precision: str  # fp32 | fp16 | bf16 (ENGINE_PRECISIONS: which engine runs which)
     cost_model: StoredCost  # the planner's cost model, parsed once (stored as a dict)
     long_rows: LongRows | None = None  # None: rows above the last bucket are truncated or refused
     # the TensorRT version that serialized the plan ("" for ONNX Runtime): a plan loads only in it
@@ -93,6 +102,8 @@ class Manifest:
     quantization_sample: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)  # what was timed, and the fit
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
+    # where the engine runs: gpu | cpu; None (manifests written before it): as runs_on_gpu derives
+    device: str | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -101,10 +112,13 @@ class Manifest:
 
     @property
     def runs_on_gpu(self) -> bool:
-        """Where the engine runs: a TensorRT plan on a GPU, a torch build on one where it is
-        FP16 and on the CPU where it is FP32, ONNX Runtime on the CPU."""
+        """Where the engine runs: the manifest's ``device``; without one (manifests written
+        before it), a TensorRT plan on a GPU, a torch build on one where it is FP16 (or BF16) and
+        on the CPU where it is FP32, ONNX Runtime on the CPU."""
+        if self.device is not None:
+            return self.device == "gpu"
         return self.engine_kind == "tensorrt" or (
-            self.engine_kind == "torch" and self.precision == "fp16"
+            self.engine_kind == "torch" and self.precision != "fp32"
         )
 
     @property
@@ -254,6 +268,13 @@ def manifest_from_dict(data: Any) -> Manifest:
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise ManifestError("manifest field 'labels' must list class names")
     input_names = _input_names(data, version, family)
+    precision = _choice(data, "precision", PRECISIONS)
+    if precision not in ENGINE_PRECISIONS[engine_kind]:
+        raise ManifestError(
+            f"manifest field 'precision' is {precision}; {engine_kind} engines run "
+            f"{', '.join(ENGINE_PRECISIONS[engine_kind])}: rebuild the model"
+        )
+    device = _device(data, engine_kind, precision)
     source = dict(data.get("source") or {})
     if version < 3:  # Normalize was inside the graph, as the pipeline said (source)
         normalize = graph_normalizes = family == "embedding" and bool(source.get("normalize"))
@@ -293,12 +314,13 @@ def manifest_from_dict(data: Any) -> Manifest:
         labels=tuple(labels),
         input_names=input_names,
         engine_files=tuple(engine_files),
-        precision=_choice(data, "precision", PRECISIONS),
+        precision=precision,
         cost_model=cost,
         long_rows=long_rows,
         opt_rows_source=dict(data.get("opt_rows_source") or {}),
         calibration=dict(data.get("calibration") or {}),
         source=source,
+        device=device,
         normalize=normalize,
         graph_normalizes=graph_normalizes,
         quantization_ranges=ranges,
@@ -312,6 +334,20 @@ def manifest_from_dict(data: Any) -> Manifest:
             "builder, or edited): rebuild the model with `python -m builder build`"
         )
     return manifest
+
+
+def _device(data: dict[str, Any], engine_kind: str, precision: str) -> str | None:
+    """Where the engine runs, where the manifest says (None where it was written before)."""
+    if data.get("device") is None:
+        return None
+    device = _choice(data, "device", DEVICES)
+    if device == "gpu" and engine_kind == "onnxruntime":
+        raise ManifestError("manifest field 'device' is gpu: ONNX Runtime engines run on the CPU")
+    if device == "cpu" and (engine_kind == "tensorrt" or precision != "fp32"):
+        raise ManifestError(
+            f"manifest field 'device' is cpu: a {engine_kind} {precision} engine runs on a GPU"
+        )
+    return device
 
 
 def _optional_file(data: dict[str, Any], key: str) -> str | None:

@@ -1,5 +1,5 @@
 """Engines run one planned group at its bucket: ONNX Runtime (CPU default), TensorRT (GPU), or
-the model's own torch module (FP16 with CUDA graphs on a GPU, FP32 on the CPU)."""
+the model's own torch module (with CUDA graphs on a GPU, FP32 on the CPU)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The torch engine: the model's own torch module, FP16 on a CUDA GPU with CUDA graphs, or FP32 on
-the CPU.
+"""The torch engine: the model's own torch module on a CUDA GPU with CUDA graphs (FP16 for
+encoders, BF16 or FP32 for decoders, whose activations overflow FP16), or FP32 on the CPU.
 
-Where it runs is the manifest's precision: an FP16 build runs on the GPU Triton names for the
-model instance, an FP32 build on the CPU (no graphs there: every group at its exact shape, as
-ONNX Runtime runs it). The module is rebuilt from the build's record and weights
-(``torch_modules``), with SDPA attention.
+Where it runs is the manifest's ``runs_on_gpu``: a GPU build runs on the GPU Triton names for the
+model instance, a CPU build in FP32 (no graphs there: every group at its exact shape, as ONNX
+Runtime runs it). The module is rebuilt from the build's record and weights (``torch_modules``),
+with SDPA attention, in the manifest's precision; its pooling computes in FP32 whatever that is.
 
 On the GPU, decided once at load:
 - one CUDA graph per (bucket, captured batch size), captured from the largest down, every graph
@@ -32,7 +32,7 @@ from python_backend.engines.base import BucketLayout, graph_inputs
 from python_backend.engines.cuda_graphs import CudaForwards, Graph, capture_all
 from python_backend.engines.torch_modules import TORCH_RECORD, load_torch_model
 
-DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _log_warning(message: str) -> None:
@@ -68,6 +68,14 @@ class TorchEngine:
             return
         self.cuda = CudaForwards.for_manifest(manifest, device_id, engine="torch")
         self.device = self.cuda.device
+        if manifest.precision == "bf16" and not torch.cuda.is_bf16_supported(
+            including_emulation=False
+        ):
+            raise RuntimeError(
+                f"the manifest names a BF16 torch engine, and {torch.cuda.get_device_name(self.device)} "
+                "does not compute BF16 (compute capability 8.0 and later do): rebuild the model "
+                "on this GPU (its default is then FP32), or with --precision fp32"
+            )
         self.module = load_torch_model(folder, DTYPES[manifest.precision], self.device)
         # largest forward first: later, smaller graphs reuse the pool's blocks
         sizes = sorted(

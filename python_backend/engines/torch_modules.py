@@ -51,6 +51,48 @@ def without_kv_cache(model: nn.Module) -> nn.Module:
     return model
 
 
+class Pooling(nn.Module):
+    """[B, T, H] hidden states and the mask -> [B, H] pooled, computed in FP32 whatever the
+    transformer runs in: a mean sums up to T rows of hidden states, which FP16 cannot hold for
+    long rows of large activations (its largest value is 65504), and BF16 rounds to 8 bits.
+
+    Its own module, so that the exported graph names its nodes ``/pool/...`` and a TensorRT FP16
+    build keeps them in FP32 (``FP32_SCOPES``)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.to(torch.float32)  # a Cast in the exported graph, at the pooling's input
+        if self.mode == "cls":
+            return hidden[:, 0]
+        if self.mode == "lasttoken":
+            # rows are right-padded: the last real token is at mask.sum - 1
+            last = attention_mask.sum(dim=1) - 1
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        if self.mode == "max":
+            # padding selected away, never multiplied: a constant like 1e9 is infinite in FP16
+            # and 0 * inf is NaN; FP16's lowest finite value stays finite wherever it runs
+            padding = (attention_mask == 0).unsqueeze(-1)  # [B, T, 1]
+            return hidden.masked_fill(padding, FP16_LOWEST).max(dim=1).values
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)  # [B, T, 1]
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+class UnitLength(nn.Module):
+    """L2 normalisation in FP32 (the squares of a vector's entries overflow FP16 sooner than
+    the entries do); the exported graph names its nodes ``/unit_length/...``."""
+
+    def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(vectors.to(torch.float32), p=2.0, dim=-1)
+
+
+# the wrapper's submodules that run in FP32 in every precision: the exported graph's nodes under
+# these scopes (``/pool/...``) are the layers a TensorRT FP16 build constrains to FP32
+FP32_SCOPES = ("pool", "unit_length")
+
+
 class EmbeddingHead(nn.Module):
     def __init__(
         self,
@@ -64,27 +106,19 @@ class EmbeddingHead(nn.Module):
         self.pooling = pooling
         self.normalize = normalize
         self.after_pooling = nn.Sequential(*(after_pooling or []))
+        # no parameters: the saved weights of earlier builds load as they did
+        self.pool = Pooling(pooling)
+        self.unit_length = UnitLength()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        elif self.pooling == "lasttoken":
-            # rows are right-padded: the last real token is at mask.sum - 1
-            last = attention_mask.sum(dim=1) - 1
-            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        elif self.pooling == "max":
-            # padding selected away, never multiplied: a constant like 1e9 is infinite in FP16
-            # and 0 * inf is NaN; FP16's lowest finite value stays finite wherever it runs
-            padding = (attention_mask == 0).unsqueeze(-1)  # [B, T, 1]
-            pooled = hidden.masked_fill(padding, FP16_LOWEST).max(dim=1).values
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-        pooled = self.after_pooling(pooled)
+        pooled = self.pool(hidden, attention_mask)  # FP32
+        dense = next(self.after_pooling.parameters(), None)
+        if dense is not None:  # the Dense layers run in the model's precision, like the encoder
+            pooled = self.after_pooling(pooled.to(dense.dtype)).to(torch.float32)
         if self.normalize:
-            pooled = nn.functional.normalize(pooled, p=2.0, dim=-1)
-        return pooled.float()
+            pooled = self.unit_length(pooled)
+        return pooled
 
 
 class ClassifierHead(nn.Module):

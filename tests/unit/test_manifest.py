@@ -182,3 +182,48 @@ def test_a_long_row_range_of_one_length_is_still_the_long_row_profile():
     assert engine._profile_for(300) is engine.long_profile is not None
     assert engine._profile_for(300).index == 2 and engine._profile_for(299).index == 1
     assert engine._profile_for(16).fixed_length == 16
+
+
+TORCH = {"engine_kind": "torch", "engine_files": ["torch_model.safetensors", "torch_model.json"]}
+
+
+@pytest.mark.parametrize(
+    ("edits", "on_gpu"),
+    [
+        # written before `device`: where the engine kind and precision said then
+        ({**TORCH, "precision": "fp16"}, True),
+        ({**TORCH, "precision": "fp32"}, False),
+        ({"engine_kind": "tensorrt", "engine_version": "10.13.0", "precision": "fp16"}, True),
+        ({}, False),
+        # written since: where it says (a decoder in FP32 or BF16 on a GPU)
+        ({**TORCH, "precision": "fp32", "device": "gpu"}, True),
+        ({**TORCH, "precision": "bf16", "device": "gpu"}, True),
+        ({**TORCH, "precision": "fp32", "device": "cpu"}, False),
+    ],
+)
+def test_where_the_engine_runs_is_read_from_old_and_new_manifests(edits, on_gpu):
+    data = bad(**edits)
+    if "device" not in edits:
+        del data["device"]  # as builds before it wrote the manifest
+    read = manifest_from_dict(data)
+    assert read.runs_on_gpu == on_gpu
+    assert read.device == edits.get("device")
+    assert manifest_from_dict(json.loads(read.to_json())) == read  # and round-trips
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        ({"precision": "fp16"}, "'precision' is fp16; onnxruntime engines run fp32"),
+        (
+            {"engine_kind": "tensorrt", "engine_version": "10.13.0", "precision": "bf16"},
+            "tensorrt engines run fp32, fp16",
+        ),
+        ({"device": "tpu"}, "'device' must be one of"),
+        ({"device": "gpu"}, "ONNX Runtime engines run on the CPU"),
+        ({**TORCH, "precision": "bf16", "device": "cpu"}, "a torch bf16 engine runs on a GPU"),
+    ],
+)
+def test_a_precision_or_device_the_engine_cannot_run_is_refused(edits, message):
+    with pytest.raises(ManifestError, match=message):
+        manifest_from_dict(bad(**edits))
