@@ -29,6 +29,18 @@ def main(argv: list[str] | None = None) -> int:
         "--max-body-size", default="8m", help="the front door's MAX_BODY_SIZE (like 8m or 512k)"
     )
     parser.add_argument(
+        "--grpc-bytes-in-progress",
+        default="1024m",
+        help="gRPC request messages being received, in all, counted at --max-body-size each "
+        "(a client may hold two); reads past it wait",
+    )
+    parser.add_argument(
+        "--body-deadline-s",
+        type=float,
+        default=30.0,
+        help="seconds a ModelInfer message has to arrive whole, from the call's start",
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="processes sharing the two ports (SO_REUSEPORT)"
     )
     args = parser.parse_args(argv)
@@ -36,9 +48,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be at least 1")
     try:
         max_body = nginx_size(args.max_body_size, "--max-body-size")
+        in_progress = nginx_size(args.grpc_bytes_in_progress, "--grpc-bytes-in-progress")
     except BadValue as err:
         parser.error(str(err))
-    settings = CheckSettings(args.triton_http, args.triton_grpc, max_body)
+    if not args.body_deadline_s > 0:
+        parser.error("--body-deadline-s must be above 0")
+    settings = CheckSettings(
+        args.triton_http,
+        args.triton_grpc,
+        max_body,
+        grpc_bytes_in_progress=in_progress,
+        body_deadline_s=args.body_deadline_s,
+    )
     if args.workers == 1:
         serve_one(settings, args.http_listen, args.grpc_listen)
         return 0

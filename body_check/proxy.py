@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from body_check.rules import BodyLimits, Refused, check_grpc_request, check_json_request
+from python_backend.common.contract import CLIENT_PARAMETER
 
 LOG = logging.getLogger("body_check")
 
@@ -65,6 +66,10 @@ class CheckSettings:
     triton_grpc: str
     max_body_bytes: int  # the front door's MAX_BODY_SIZE: the largest body or message
     limits: BodyLimits = field(default_factory=BodyLimits)
+    # gRPC messages being received, counted at the largest a message may be: in all, and per
+    # client (twice the largest message); and the time a ModelInfer message has to arrive whole
+    grpc_bytes_in_progress: int = 1 << 30
+    body_deadline_s: float = 30.0
 
 
 def header_length_of(values: list[str]) -> int | None:
@@ -172,6 +177,49 @@ def stream_refusal(message: bytes, refused: Refused) -> bytes:
     return bytes(response.SerializeToString())
 
 
+class ReadBudget:
+    """The gRPC message bytes being received, per client and in all. gRPC core buffers a message
+    whole before the handler sees it, and reads one only when the handler asks for it, so each
+    read first reserves the largest a message may be; a read waits for room (its caller bounds
+    the wait), and a client that parks slow messages holds only its own share."""
+
+    def __init__(self, message_bytes: int, in_all: int) -> None:
+        self.message_bytes = message_bytes
+        self.per_client = 2 * message_bytes
+        self.in_all = max(in_all, message_bytes)
+        self.held: dict[str, int] = {}
+        self.total = 0
+        self.changed = asyncio.Condition()
+
+    def fits(self, client: str) -> bool:
+        return (
+            self.held.get(client, 0) + self.message_bytes <= self.per_client
+            and self.total + self.message_bytes <= self.in_all
+        )
+
+    async def reserve(self, client: str) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.fits(client))
+            self.held[client] = self.held.get(client, 0) + self.message_bytes
+            self.total += self.message_bytes
+
+    async def release(self, client: str) -> None:
+        async with self.changed:
+            left = self.held.pop(client) - self.message_bytes
+            if left:
+                self.held[client] = left
+            self.total -= self.message_bytes
+            self.changed.notify_all()
+
+
+def client_of(context: grpc.aio.ServicerContext) -> str:
+    """The name the front door gives the client (its key's name, else its address)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_PARAMETER:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return str(context.peer())
+
+
 # a stream's messages read ahead of its answers: each answer the client has not yet taken holds one
 UNREAD_ANSWERS = 8
 
@@ -191,18 +239,55 @@ class GrpcCheck(grpc.GenericRpcHandler):
         )
         self.infer_call = self.channel.unary_unary(INFER)
         self.stream_call = self.channel.stream_stream(STREAM_INFER)
+        self.budget = ReadBudget(size, settings.grpc_bytes_in_progress)
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method  # type: ignore[attr-defined]
-        if method == INFER:
-            return grpc.unary_unary_rpc_method_handler(self.infer)
+        if method == INFER:  # the message read by the handler, when the budget has room for it
+            return grpc.stream_unary_rpc_method_handler(self.infer)
         if method == STREAM_INFER:
             return grpc.stream_stream_rpc_method_handler(self.stream_infer)
         return None  # UNIMPLEMENTED: the door routes nothing else here
 
-    async def infer(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def receive(
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """A unary call's one message, read once the budget has room for it, within the body
+        deadline from the call's start."""
+        client = client_of(context)
+        deadline_s = self.settings.body_deadline_s
+        reserved = False
+        try:
+            async with asyncio.timeout(deadline_s):
+                await self.budget.reserve(client)
+                reserved = True
+                message = await anext(aiter(messages), None)
+        except TimeoutError:
+            if not reserved:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many request messages in progress (at most "
+                    f"{self.budget.per_client} bytes a client, {self.budget.in_all} in all); "
+                    "retry later",
+                )
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the request message did not arrive whole within {deadline_s:g} s",
+            )
+        finally:
+            if reserved:
+                await self.budget.release(client)
+        if message is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message was sent")
+            raise AssertionError("abort raises")
+        return message
+
+    async def infer(
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        message = await self.receive(messages, context)
         try:
             read_infer_request(message, self.settings.limits)
         except Refused as refused:

@@ -466,3 +466,92 @@ def test_several_workers_end_the_command_when_one_stops_beating():
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     assert code == 1 and time.monotonic() - started < 30
+
+
+class Aborted(Exception):
+    def __init__(self, code, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code, self.details = code, details
+
+
+class ClientContext(FakeContext):
+    """A unary call's context as the front door hands it on: the client's name in metadata."""
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+
+    def invocation_metadata(self) -> tuple:
+        return (("x-planner-client", self.client),)
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5"
+
+    async def abort(self, code, details: str):
+        raise Aborted(code, details)
+
+
+def test_slow_grpc_messages_hold_only_their_clients_share_and_end_at_the_body_deadline():
+    """ModelInfer messages are read only while the bytes being received fit: two messages' worth
+    a client, a bound in all. A client that opens calls and never sends their messages holds its
+    own share until the body deadline ends them, and its next call waits for that; another
+    client is served at once, unless the bound in all is what the parked calls hold."""
+    import time
+
+    import grpc
+
+    from body_check.proxy import CheckSettings, GrpcCheck
+
+    good = grpc_request({"TEXT": TEXTS}).SerializeToString()
+    deadline_s = 0.5
+
+    async def parked():
+        await asyncio.Event().wait()  # the message never comes
+        yield b""
+
+    async def sent():
+        yield good
+
+    async def upstream(message, metadata=None, timeout=None):
+        return b"answer to " + message[-8:]
+
+    async def outcome(call) -> tuple[str | bytes, float]:
+        started = time.monotonic()
+        try:
+            answer = await call
+        except Aborted as aborted:
+            answer = aborted.code.name
+        return answer, time.monotonic() - started
+
+    async def scenario(in_all: int) -> list:
+        settings = CheckSettings(
+            "127.0.0.1:1",
+            "127.0.0.1:1",
+            1 << 20,
+            grpc_bytes_in_progress=in_all,
+            body_deadline_s=deadline_s,
+        )
+        check = GrpcCheck(settings)
+        check.infer_call = upstream
+        parked_calls = [
+            asyncio.ensure_future(outcome(check.infer(parked(), ClientContext("slow"))))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(outcome(check.infer(sent(), ClientContext("slow"))))
+        other = await outcome(check.infer(sent(), ClientContext("other")))
+        results = [other, await waiting, *await asyncio.gather(*parked_calls)]
+        await check.channel.close()
+        return results
+
+    answer = b"answer to " + good[-8:]
+    expired = grpc.StatusCode.DEADLINE_EXCEEDED.name
+    other, waiting, *parked_ends = asyncio.run(scenario(in_all=1 << 30))
+    assert other[0] == answer and other[1] < 0.2, "another client is served at once"
+    assert waiting[0] == answer and waiting[1] > 0.3, "the slow client's next call waits its turn"
+    assert [end for end, _ in parked_ends] == [expired, expired]
+    assert all(deadline_s - 0.05 < took < deadline_s + 0.3 for _, took in parked_ends)
+    # in all: the two parked messages fill a bound of two, so another client waits too
+    other, waiting, *parked_ends = asyncio.run(scenario(in_all=2 << 20))
+    assert other[0] == answer and other[1] > 0.3
+    assert waiting[0] == answer
+    assert [end for end, _ in parked_ends] == [expired, expired]
