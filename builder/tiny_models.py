@@ -1,6 +1,7 @@
 """Small random models built from configs with a fixed seed: every code path of the real
 architectures in seconds. The builder's tests and ``builder.gpu_check`` use them for the
-classifier and decoder families (the embedding family has the real MiniLM)."""
+classifier and decoder families; the end-to-end tests serve a tiny embedding model where only the
+adapter's handling of a large request is their subject (the embedding family has the real MiniLM)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ TINY: dict[str, Any] = dict(
 
 
 def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
-    """A tiny ``classifier`` (BERT; 3 labels named negative, neutral, positive), ``reranker`` (a BERT cross-encoder: one output
-    over a text pair) or ``decoder`` (Llama) saved into ``folder``."""
+    """A tiny ``embedding`` model (a bare BERT encoder), ``classifier`` (BERT; 3 labels named
+    negative, neutral, positive), ``reranker`` (a BERT cross-encoder: one output over a text
+    pair) or ``decoder`` (Llama) saved into ``folder``."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     model: Any
-    if family == "classifier":
+    if family == "embedding":  # no modules.json: mean pooling, as the builder reads a bare encoder
+        model = transformers.BertModel(transformers.BertConfig(**TINY, architectures=["BertModel"]))
+        model = model.eval()
+    elif family == "classifier":
         bert = transformers.BertConfig(
             **TINY,
             id2label={0: "negative", 1: "neutral", 2: "positive"},

@@ -18,6 +18,7 @@ from python_backend.common.cost_models import BucketAffineCost
 from python_backend.common.manifest import load_manifest
 from python_backend.engines import open_engine
 from python_backend.engines.base import pad_rows
+from testkit.samples import sample_texts_file
 
 # fp32 on CPU: a padded row and the same row alone differ by float reordering only (~1e-7);
 # 1e-4 leaves room for BLAS kernels that block differently at different batch shapes
@@ -68,7 +69,13 @@ def assert_engine_matches_reference(version_dir: Path, model_dir: Path, **kw) ->
 
 
 def test_minilm_engine_matches_torch_on_each_row_alone_at_every_bucket(tmp_path, minilm_dir):
-    version = build_onnx(tmp_path, minilm_dir, "minilm", buckets=(16, 48, 128, 256)).version_dir
+    version = build_onnx(
+        tmp_path,
+        minilm_dir,
+        "minilm",
+        buckets=(16, 48, 128, 256),
+        texts_file=sample_texts_file(tmp_path),
+    ).version_dir
     manifest = load_manifest(version)
     assert manifest.family == "embedding" and manifest.output_dim == 384
     assert [b.length for b in manifest.buckets] == [16, 48, 128, 256]

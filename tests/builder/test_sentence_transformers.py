@@ -1,9 +1,11 @@
 """sentence-transformers models are served exactly as sentence-transformers' own pipeline
 computes them: Dense layers after pooling, last-token pooling for decoder embedders, max
-pooling, prompts; a module that cannot be exported is refused by name, never skipped."""
+pooling, prompts; a module that cannot be exported is refused by name, never skipped. The
+adapter's quantized vectors are sentence-transformers' own too."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -184,3 +186,27 @@ def test_classifier_labels_reach_the_manifest_and_triton(tmp_path, tiny_classifi
     model_dir = result.version_dir.parent
     assert (model_dir / "labels.txt").read_text().split() == ["negative", "neutral", "positive"]
     assert 'label_filename: "labels.txt"' in (model_dir / "config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize("embedding_type", ["int8", "uint8", "binary", "ubinary", "float"])
+def test_quantized_vectors_are_sentence_transformers_own(embedding_type):
+    """The /v1 adapter's int8, uint8 and binary vectors, against sentence-transformers'
+    ``quantize_embeddings`` over the same ranges."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from openai_api.protocol import encode_vector, quantize
+
+    rng = np.random.default_rng(0)
+    calibration = rng.normal(size=(200, 20)).astype(np.float32)
+    vectors = rng.normal(size=(5, 20)).astype(np.float32) * 1.3  # some past the ranges: clipped
+    ranges = np.stack([calibration.min(axis=0), calibration.max(axis=0)])
+    ours = quantize(vectors, embedding_type, (ranges[0].tolist(), ranges[1].tolist()))
+    theirs = quantize_embeddings(
+        vectors, "float32" if embedding_type == "float" else embedding_type, ranges=ranges
+    )
+    assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+    if embedding_type.endswith("binary"):
+        assert ours.shape == (5, 3)  # 20 dimensions in 3 bytes
+    # base64 carries the raw bytes of that type
+    packed = encode_vector(ours[0], "base64")
+    assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype=ours.dtype), ours[0])

@@ -25,6 +25,7 @@ from python_backend.engines.torch_modules import (
     TorchModelError,
     load_torch_model,
 )
+from testkit.samples import sample_texts_file
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_ABS = 1e-5  # FP32 torch against FP32 ONNX Runtime, on the same padded rows
@@ -52,7 +53,14 @@ def tiny_reranker_dir(tmp_path_factory, minilm_dir) -> Path:
 def minilm_pair(tmp_path_factory, minilm_dir):
     """MiniLM as it is served (mean pooling, normalised), with rows above the last bucket."""
     repo = tmp_path_factory.mktemp("torch-minilm")
-    return build_both(repo, minilm_dir, buckets=(16, 64), last_bucket=64, max_length=96)
+    return build_both(
+        repo,
+        minilm_dir,
+        buckets=(16, 64),
+        last_bucket=64,
+        max_length=96,
+        texts_file=sample_texts_file(repo),
+    )
 
 
 def padded_groups(manifest, seed: int, pairs: bool = False):
@@ -120,7 +128,7 @@ def test_the_torch_build_writes_its_files_and_no_stale_engine(minilm_pair, tmp_p
     # an ONNX Runtime build of the same name, then a torch one: the ONNX file goes
     spec = BuildSpec(
         model_dir=minilm_dir, repository=tmp_path, name="m", buckets=(16,), max_length=16,
-        calibration_repeats=0, quiet=True,
+        calibration_repeats=0, texts_file=sample_texts_file(tmp_path), quiet=True,
     )  # fmt: skip
     build(spec.with_(engine="onnxruntime"))
     assert (tmp_path / "m" / "1" / "model.onnx").is_file()

@@ -14,6 +14,7 @@ import pytest
 
 from builder.triton_config import add_model_variant, add_split_variant
 from python_backend.engines.faults import write_fault_spec
+from testkit.samples import sample_texts_file
 from tools.triton_server import TritonServer, free_port
 
 pytest.importorskip("pytriton")
@@ -28,6 +29,7 @@ def build_repository(root: Path) -> Path:
     from builder.spec import BuildSpec
 
     repository = root / "repository"
+    texts = sample_texts_file(root)
     build(
         BuildSpec(
             name="minilm",
@@ -37,6 +39,7 @@ def build_repository(root: Path) -> Path:
             calibration_repeats=0,
             cost_model="linear",
             overhead_tokens=64,
+            texts_file=texts,
             quiet=True,
         )
     )
@@ -50,20 +53,26 @@ def build_repository(root: Path) -> Path:
             calibration_repeats=0,
             cost_model="linear",
             overhead_tokens=64,
+            texts_file=texts,
             quiet=True,
         )
     )
     # small models built from configs with a fixed seed: a classifier with class names
-    # (Triton's classification extension) and a cross-encoder (/v1/rerank)
+    # (Triton's classification extension), a cross-encoder (/v1/rerank), and an encoder whose
+    # forwards cost next to nothing (for the adapter's memory under large requests)
     from builder.build import default_model_dir
     from builder.tiny_models import save_tiny_model
 
     tokenizer = default_model_dir() / "tokenizer.json"
-    for family in ("classifier", "reranker"):
+    for family, name in (
+        ("classifier", "classifier"),
+        ("reranker", "reranker"),
+        ("embedding", "tiny_embedder"),
+    ):
         build(
             BuildSpec(
                 model_dir=save_tiny_model(family, root / f"tiny-{family}", tokenizer),
-                name=family,
+                name=name,
                 repository=repository,
                 engine="onnxruntime",
                 buckets=(32, 64, 128),
@@ -178,7 +187,14 @@ def stack(repository, tmp_path_factory):
     """The deployment as `make serve` runs it, with an API key and short limits."""
     from tests.e2e.stack import API_KEY, Stack
 
-    models = ("minilm", "minilm_matryoshka", "minilm_prompts", "reranker", "classifier")
+    models = (
+        "minilm",
+        "minilm_matryoshka",
+        "minilm_prompts",
+        "reranker",
+        "classifier",
+        "tiny_embedder",
+    )
     root = tmp_path_factory.mktemp("stack")
     own = Stack(
         repository_of(repository, (*models, "minilm_small_queue"), root),

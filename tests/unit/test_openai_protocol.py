@@ -345,28 +345,6 @@ def test_work_for_a_client_that_left_is_cancelled():
     assert cancelled == [10]
 
 
-@pytest.mark.parametrize("embedding_type", ["int8", "uint8", "binary", "ubinary", "float"])
-def test_quantized_vectors_are_sentence_transformers_own(embedding_type):
-    from sentence_transformers.util.quantization import quantize_embeddings
-
-    from openai_api.protocol import encode_vector, quantize
-
-    rng = np.random.default_rng(0)
-    calibration = rng.normal(size=(200, 20)).astype(np.float32)
-    vectors = rng.normal(size=(5, 20)).astype(np.float32) * 1.3  # some past the ranges: clipped
-    ranges = np.stack([calibration.min(axis=0), calibration.max(axis=0)])
-    ours = quantize(vectors, embedding_type, (ranges[0].tolist(), ranges[1].tolist()))
-    theirs = quantize_embeddings(
-        vectors, "float32" if embedding_type == "float" else embedding_type, ranges=ranges
-    )
-    assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
-    if embedding_type.endswith("binary"):
-        assert ours.shape == (5, 3)  # 20 dimensions in 3 bytes
-    # base64 carries the raw bytes of that type
-    packed = encode_vector(ours[0], "base64")
-    assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype=ours.dtype), ours[0])
-
-
 @pytest.mark.parametrize(
     ("fields", "words"),
     [

@@ -16,7 +16,14 @@ from bench.cost_tables import (
     linear_table as synthetic,
 )
 from bench.sim.policies import POLICIES
-from bench.sim.run import simulate
+from bench.sim.run import simulate as simulate_run
+
+
+def simulate(*args, warmup_s: float = 1.0, **kwargs):
+    """A run with a warm-up of 1 s (5 s by default): milliseconds-long forwards reach their
+    steady state in far less, and the suite stays quick."""
+    return simulate_run(*args, warmup_s=warmup_s, **kwargs)
+
 
 LENGTHS = [5, 9, 13, 20, 31, 45, 60, 90, 128, 200, 256] * 10
 
@@ -40,14 +47,14 @@ def test_the_gpu_table_is_worth_hundreds_of_tokens_per_forward():
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_closed_loop_obeys_littles_law(policy):
-    r = simulate(LENGTHS, linear_table(1.0, 0.5), policy, concurrency=16, seconds=4)
+    r = simulate(LENGTHS, linear_table(1.0, 0.5), policy, concurrency=16, seconds=2)
     mean_latency_s = float(np.mean(r.latencies_s))
     assert r.rows_per_s * mean_latency_s == pytest.approx(16, rel=0.05)
     assert 0 < r.summary()["padding_efficiency"] <= 1
 
 
 def test_an_open_loop_under_capacity_serves_what_it_is_offered():
-    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=12)
+    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=6)
     assert r.rows_per_s == pytest.approx(200, rel=0.1)
 
 
@@ -66,28 +73,31 @@ def test_an_open_loop_over_capacity_is_served_at_capacity_not_more(seconds):
 
 def test_an_open_loop_under_capacity_answers_what_arrives_in_its_window():
     r = simulate(
-        LENGTHS, linear_table(0.0, 0.0), "dp", rate=2500, seconds=1.0, server_us_per_row=100
-    )
+        LENGTHS, linear_table(0.0, 0.0), "dp", rate=2500, seconds=1.0, warmup_s=0.2,
+        server_us_per_row=100,
+    )  # fmt: skip
     # the arrivals' own noise cancels: answered against arrived, not against the rate
     assert r.served_over_offered == pytest.approx(1.0, abs=0.005)
 
 
 def test_the_dp_beats_per_bucket_grouping_when_a_forward_costs_much_fixed_time():
     heavy = linear_table(fixed_ms=5.0, us_per_token=0.5)  # 10000 tokens of fixed cost
-    dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=4)
-    per_bucket = simulate(LENGTHS, heavy, "per_bucket", concurrency=32, seconds=4)
+    dp = simulate(LENGTHS, heavy, "dp", concurrency=32, seconds=2)
+    per_bucket = simulate(LENGTHS, heavy, "per_bucket", concurrency=32, seconds=2)
     assert dp.rows_per_s > 1.2 * per_bucket.rows_per_s
 
 
 def test_the_server_time_per_row_caps_throughput():
     free = linear_table(0.0, 0.0)
-    r = simulate(LENGTHS, free, "dp", concurrency=64, seconds=1, server_us_per_row=100)
+    r = simulate(
+        LENGTHS, free, "dp", concurrency=64, seconds=1, warmup_s=0.2, server_us_per_row=100
+    )
     assert r.rows_per_s == pytest.approx(10_000, rel=0.02)
 
 
 def test_requests_of_several_rows_obey_littles_law_in_rows():
     r = simulate(
-        LENGTHS, linear_table(1.0, 0.5), "dp", concurrency=8, seconds=4, rows_per_request=4
+        LENGTHS, linear_table(1.0, 0.5), "dp", concurrency=8, seconds=2, rows_per_request=4
     )
     mean_latency_s = float(np.mean(r.latencies_s))
     # 8 requests in flight, 4 rows each: rows/s x latency = rows in flight
@@ -95,7 +105,7 @@ def test_requests_of_several_rows_obey_littles_law_in_rows():
 
 
 def test_an_open_loop_counts_its_rate_in_rows_whatever_the_request_size():
-    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=30, rows_per_request=5)
+    r = simulate(LENGTHS, linear_table(0.5, 0.2), "dp", rate=200, seconds=12, rows_per_request=5)
     assert r.rows_per_s == pytest.approx(200, rel=0.1)
 
 
