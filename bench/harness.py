@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -80,6 +81,32 @@ def token_id_input_data(version_dir: Path, path: Path) -> Path:
     ]
     path.write_text(json.dumps({"data": data}))
     return path
+
+
+class MachineLoad:
+    """How loaded the machine was, for a report beside its ratios: the 1-minute load average
+    when the run began (before it started a server), and the CPU time the host took from this
+    machine while it ran (steal, from /proc/stat; 0 on bare metal)."""
+
+    def __init__(self) -> None:
+        self.load_before = os.getloadavg()[0]
+        self.start = cpu_times()
+
+    def describe(self) -> str:
+        end = cpu_times()
+        spent = [b - a for a, b in zip(self.start, end, strict=True)]
+        steal = spent[7] / max(1, sum(spent)) if len(spent) > 7 else 0.0
+        return (
+            f"The machine's load average (1 min) was {self.load_before:.2f} before the run; the "
+            f"host took {steal:.1%} of its CPU time during it."
+        )
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time in ticks by kind (user, nice, system, idle, iowait, irq, softirq,
+    steal, ...): /proc/stat's first line."""
+    with open("/proc/stat") as stat:
+        return [int(x) for x in stat.readline().split()[1:]]
 
 
 def alternating(variants: Sequence[V], rounds: int) -> Iterator[tuple[int, V]]:

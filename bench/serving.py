@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -56,6 +56,7 @@ from bench.harness import (
     MODELS,
     PEER,
     PEER_QUEUE_DELAY_US,
+    MachineLoad,
     add_variant,
     alternating,
     build_repository,
@@ -123,6 +124,7 @@ class Setup:
     levels: list[int]
     ms: int
     rounds: int
+    load: MachineLoad = field(default_factory=MachineLoad)
 
     @contextlib.contextmanager
     def triton(self, models: Sequence[str], code_root: Path = ROOT) -> Iterator[TritonServer]:
@@ -232,6 +234,7 @@ def report(
     ms: int,
     half_rate: float,
     at_half: list[Run],
+    load: MachineLoad,
 ) -> str:
     mean_tokens = float(np.mean(lengths))
     table = [
@@ -275,6 +278,7 @@ def report(
         efficiency=f"{best / limit:.0%}",
         half_rate=f"{half_rate:.1f}",
         half_load_table="\n".join(half),
+        machine_load=load.describe(),
     )
 
 
@@ -303,7 +307,7 @@ def sweep(s: Setup, build_summary: list[str], write: bool) -> dict[str, str]:
         sections = routes(s, server, ("door", "v1"), 64)
     if write:
         plot(runs, PLOT)
-    text = report(runs, limit, lengths, build_summary, s.levels, s.ms, half, at_half)
+    text = report(runs, limit, lengths, build_summary, s.levels, s.ms, half, at_half, s.load)
     return {"serving": text, **sections}
 
 
@@ -539,6 +543,7 @@ def infinity_peer(s: Setup) -> str:
         rounds=s.rounds,
         table="\n".join(table),
         ratios=", ".join(ratios),
+        machine_load=s.load.describe(),
     )
 
 

@@ -7,11 +7,14 @@ by a stray setting. The file holds one spec, a comma-separated list of:
 - ``oom_above_tokens=N``: a forward of more than N padded tokens raises MemoryError, like a GPU
   out of memory;
 - ``poison_token=ID``: a forward holding a row with this token id raises RuntimeError, like a row
-  that breaks the engine whatever it is grouped with.
+  that breaks the engine whatever it is grouped with;
+- ``delay_ms=N``: every forward waits N ms before it runs, like an engine busy for that long
+  without a CPU core (a GPU): queued requests wait behind it while the tests' own CPU is free.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ import numpy as np
 from python_backend.engines.base import Engine
 
 FAULTS_FILE = "faults.txt"
+FAULT_KEYS = ("oom_above_tokens", "poison_token", "delay_ms")
 
 
 class InjectedFault(RuntimeError):
@@ -43,9 +47,10 @@ def parse_fault_spec(spec: str) -> dict[str, int]:
     faults: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, _, value = item.partition("=")
-        if key not in ("oom_above_tokens", "poison_token") or not value.strip().isdigit():
+        if key not in FAULT_KEYS or not value.strip().isdigit():
             raise ValueError(
-                f"fault spec item {item!r}: expected oom_above_tokens=N or poison_token=ID"
+                f"fault spec item {item!r}: expected oom_above_tokens=N, poison_token=ID or "
+                "delay_ms=N"
             )
         faults[key] = int(value)
     return faults
@@ -63,6 +68,9 @@ class FaultInjectingEngine:
         self.forwards_failed = 0
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        delay_ms = self.faults.get("delay_ms")
+        if delay_ms:
+            time.sleep(delay_ms / 1e3)
         limit = self.faults.get("oom_above_tokens")
         if limit is not None and input_ids.size > limit:
             self.forwards_failed += 1

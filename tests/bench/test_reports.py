@@ -56,7 +56,7 @@ def test_render_names_a_missing_and_an_unused_field(tmp_path, monkeypatch):
 
 
 def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
-    from bench.harness import MODELS, PEER
+    from bench.harness import MODELS, PEER, MachineLoad
     from bench.serving import Run, report
     from tools.perf_analyzer import PerfPoint
 
@@ -64,6 +64,8 @@ def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
         point = PerfPoint(rate, p99 / 2, p99 * 0.8, p99)
         return Run(0, c, model, point, "" if stable else "unstable")
 
+    load = MachineLoad()
+    load.load_before, load.start = 1.5, [0] * 10
     rates = {"planner_dp": 300.0, "planner_per_bucket": 200.0, PEER: 100.0}
     runs = [at(c, m, rates[m] * c, 10.0 * c, stable=m != PEER) for c in (8, 64) for m in MODELS]
     text = report(
@@ -75,6 +77,7 @@ def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
         4000,
         3200.0,
         [at(1, m, 1.0, 5.0 if m == PEER else 4.0) for m in ("planner_dp", PEER)],
+        load,
     )
     assert "| 64 | planner_dp | 19200.0 | 384000 | 320 | 512 | 640 | 3.00x | 1.00x |" in text
     assert (
@@ -82,4 +85,15 @@ def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
     )
     assert "Server efficiency (best served over the limit): 32%." in text
     assert "| planner_dp | 2 | 4 | 0.80x |" in text
+    assert "load average (1 min) was 1.50 before the run" in text
     assert "$" not in text
+
+
+def test_the_machine_load_counts_the_hosts_steal_over_the_run(monkeypatch):
+    from bench import harness
+
+    ticks = iter([[100, 0, 50, 800, 0, 0, 0, 50, 0, 0], [200, 0, 100, 1500, 0, 0, 0, 200, 0, 0]])
+    monkeypatch.setattr(harness, "cpu_times", lambda: next(ticks))
+    load = harness.MachineLoad()
+    # 1000 ticks spent, 150 of them stolen
+    assert "the host took 15.0% of its CPU time" in load.describe()

@@ -21,6 +21,7 @@ pytest.importorskip("pytriton")
 torch = pytest.importorskip("torch")
 
 BUCKETS = (16, 32, 64, 128, 256)
+SLOW_FORWARD_MS = 1000
 _LOGS: list[Path] = []
 
 
@@ -90,6 +91,9 @@ def repository(tmp_path_factory) -> Path:
     add_model_variant(repo, "minilm", "minilm_faults")
     write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
+    # every forward a second long without using the CPU: what queues behind it waits
+    add_model_variant(repo, "minilm", "minilm_slow")
+    write_fault_spec(repo / "minilm_slow" / "1", f"delay_ms={SLOW_FORWARD_MS}")
     # the split layout: two fronts and a queue owner over the same engine files
     add_split_variant(repo, "minilm", "minilm_split", fronts=2)
     # for the OpenAI adapter: a model that declares the sizes `dimensions` may ask for
@@ -135,9 +139,21 @@ def start_server(repository: Path, log: Path, exit_timeout_s: int = 20) -> Trito
 
 @pytest.fixture(scope="session")
 def server(repository, tmp_path_factory):
+    """Triton alone, over the models its tests call (the adapter's models are the stack's)."""
+    models = (
+        "minilm",
+        "minilm_torch",
+        "classifier",
+        "reranker",
+        "minilm_faults",
+        "minilm_small_queue",
+        "minilm_slow",
+        "minilm_split",
+        "minilm_split_owner",
+    )
+    root = tmp_path_factory.mktemp("server")
     # its exit is no test's subject: the suite's idle keep-alive connections need not be waited out
-    log = tmp_path_factory.mktemp("logs") / "triton.log"
-    server = start_server(repository, log, exit_timeout_s=3)
+    server = start_server(repository_of(repository, models, root), root / "triton.log", 3)
     yield server
     server.stop()
 
@@ -197,7 +213,7 @@ def stack(repository, tmp_path_factory):
     )
     root = tmp_path_factory.mktemp("stack")
     own = Stack(
-        repository_of(repository, (*models, "minilm_small_queue"), root),
+        repository_of(repository, (*models, "minilm_small_queue", "minilm_slow"), root),
         root / "state",
         {"API_KEY": API_KEY},
         models=models,

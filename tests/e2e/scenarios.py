@@ -10,19 +10,18 @@ import tritonclient.grpc as grpcclient
 from testkit.triton_clients import client, infer, text_inputs
 from tests.e2e.test_serving import total
 
+SLOW = "minilm_slow"  # MiniLM whose every forward takes a second more (tests/e2e/conftest.py)
+
 
 def long_texts(n: int) -> list[str]:
     return ["a long paragraph of words " * 60] * n
 
 
-def busy(target, rows: int = 64, headers: dict | None = None) -> threading.Thread:
-    """Keeps the model busy with one large request (about a second of CPU) in the background."""
+def busy(target, headers: dict | None = None) -> threading.Thread:
+    """Keeps ``SLOW`` busy in the background: one short row, whose forward takes a second."""
     thread = threading.Thread(
         target=lambda: infer(
-            client(target, "http"),
-            "minilm",
-            text_inputs("http", long_texts(rows)),
-            headers=dict(headers or {}),
+            client(target, "http"), SLOW, text_inputs("http", ["busy"]), headers=dict(headers or {})
         )
     )
     thread.start()
@@ -31,14 +30,14 @@ def busy(target, rows: int = 64, headers: dict | None = None) -> threading.Threa
 
 
 def cancel_while_busy(target, headers: dict | None = None) -> tuple[float, float]:
-    """A 3-row gRPC request queued behind a 64-row load, cancelled by its client. Returns
-    (cancellations the model counted, rows it computed) once its metrics settle: (1, 64) when the
+    """A 3-row gRPC request queued behind a one-row load, cancelled by its client. Returns
+    (cancellations the model counted, rows it computed) once its metrics settle: (1, 1) when the
     cancellation reached the model before the request cost anything."""
     before = total(target, "planner_refused_total", reason="cancelled")
-    rows_before = total(target, "planner_rows_total", model="minilm")
+    rows_before = total(target, "planner_rows_total", model=SLOW)
     load = busy(target, headers=headers)
     future = grpcclient.InferenceServerClient(target.grpc_url).async_infer(
-        "minilm",
+        SLOW,
         text_inputs("grpc", ["never computed"] * 3),
         callback=lambda *_: None,
         headers=dict(headers or {}),
@@ -53,4 +52,4 @@ def cancel_while_busy(target, headers: dict | None = None) -> tuple[float, float
     ):
         time.sleep(0.1)
     cancelled = total(target, "planner_refused_total", reason="cancelled") - before
-    return cancelled, total(target, "planner_rows_total", model="minilm") - rows_before
+    return cancelled, total(target, "planner_rows_total", model=SLOW) - rows_before

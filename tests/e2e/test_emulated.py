@@ -1,18 +1,17 @@
 """The bench-only emulated engine on the real Triton server: it measures the server's own time per
-row for a built model without writing into that model's repository, and its outputs are marked
-as not real (NaN) so that no one mistakes them for embeddings."""
+row for a built model without writing into that model's repository; it tokenizes each row for
+real and answers zeros (no model ran)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from bench.sim.validation import EMULATED, server_time_per_row
 from testkit.triton_clients import client, infer, text_inputs
-from tests.e2e.conftest import start_server
+from tools.triton_server import TritonServer
 
 
 def snapshot(root: Path) -> dict[str, float]:
@@ -30,7 +29,9 @@ def test_the_servers_own_time_is_measured_beside_the_model_never_inside_its_repo
 
     scratch = tmp_path / "server-time-repository"
     assert (scratch / EMULATED / "1" / "emulated_table.txt").read_text().strip() == "zero"
-    server = start_server(scratch, tmp_path / "emulated.log")
+    server = TritonServer.loading_only(scratch, (EMULATED,), tmp_path / "emulated.log")
+    server.start()
+    server.wait_ready(180)
     c = client(server, "http")
     try:
         rows = ["one row", "and a longer row of text"]
@@ -40,8 +41,6 @@ def test_the_servers_own_time_is_measured_beside_the_model_never_inside_its_repo
         tokenizer.no_padding()
         # the rows were really tokenized, only the forward is emulated
         assert num_tokens.ravel().tolist() == [len(e.ids) for e in tokenizer.encode_batch(rows)]
-        real, _ = infer(c, "minilm", text_inputs("http", ["one row"]))
-        assert np.isfinite(real).all()
     finally:
         c.close()  # an open keep-alive connection holds Triton's shutdown for its exit timeout
         server.stop()

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from builder.corpus import corpus_rows
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
 from tests.e2e.conftest import repository_of, start_server
-from tests.e2e.scenarios import busy, cancel_while_busy, long_texts
+from tests.e2e.scenarios import SLOW, busy, cancel_while_busy, long_texts
 from tests.e2e.test_serving import total
 
 TOLERANCE = 1e-4
@@ -175,21 +175,21 @@ def test_a_request_past_its_deadline_gets_a_timeout_error_not_a_late_answer(serv
     before = total(server, "planner_refused_total", reason="timeout")
     load = busy(server)
     err = infer_error(
-        client(server, protocol), "minilm", text_inputs(protocol, ["late"]), {"timeout_ms": 1}
+        client(server, protocol), SLOW, text_inputs(protocol, ["late"]), {"timeout_ms": 1}
     )
     load.join()
     assert status_is(err, "unavailable") and "deadline exceeded" in err.message()
     assert total(server, "planner_refused_total", reason="timeout") == before + 1
     # with room to spare, the same request is answered
     embedding, _ = infer(
-        client(server, protocol), "minilm", text_inputs(protocol, ["late"]), {"timeout_ms": 60000}
+        client(server, protocol), SLOW, text_inputs(protocol, ["late"]), {"timeout_ms": 60000}
     )
     assert embedding.shape == (1, 384)
 
 
 def test_a_cancelled_request_is_dropped_before_compute(server):
-    # 1 cancellation counted; only the load's 64 rows computed, not the cancelled request's 3
-    assert cancel_while_busy(server) == (1, 64)
+    # 1 cancellation counted; only the load's row computed, not the cancelled request's 3
+    assert cancel_while_busy(server) == (1, 1)
 
 
 def test_forwards_that_run_out_of_memory_are_split_and_every_row_is_answered(
@@ -242,23 +242,21 @@ def test_a_row_that_fails_alone_fails_only_its_request(server, tokenizer, refere
 def test_sigterm_with_requests_in_flight_answers_each_of_them(
     repository, tmp_path, tokenizer, reference_model
 ):
-    own = start_server(repository_of(repository, ("minilm",), tmp_path), tmp_path / "sigterm.log")
+    own = start_server(repository_of(repository, (SLOW,), tmp_path), tmp_path / "sigterm.log")
     texts = corpus_rows(24, seed=51)
     expected = reference_model(tokenizer.encode(texts, truncate=True))
     results: dict[int, object] = {}
 
     def send(k):
         try:
-            embedding, _ = infer(
-                client(own, "grpc"), "minilm", text_inputs("grpc", texts[k : k + 1] * 1)
-            )
+            embedding, _ = infer(client(own, "grpc"), SLOW, text_inputs("grpc", texts[k : k + 1]))
             results[k] = float(np.abs(embedding - expected[k : k + 1]).max())
         except Exception as err:
             results[k] = err
 
     try:
         threads = [threading.Thread(target=send, args=(k,)) for k in range(len(texts))]
-        load = threading.Thread(target=lambda: _try(client(own, "http"), "minilm", long_texts(64)))
+        load = threading.Thread(target=lambda: _try(client(own, "http"), SLOW, ["busy"]))
         load.start()
         for t in threads:
             t.start()

@@ -95,7 +95,7 @@ def test_text_and_input_ids_give_the_same_outputs(server, protocol, tokenizer):
 
 
 def test_concurrent_clients_each_get_their_own_rows(server, tokenizer, reference_model):
-    texts = corpus_rows(160, seed=11)
+    texts = corpus_rows(80, seed=11)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
     # requests of 1..4 rows, random lengths, alternating protocols

@@ -20,7 +20,7 @@ MODEL = "minilm_split"
 def test_concurrent_requests_through_both_fronts_get_their_own_rows(
     server, tokenizer, reference_model
 ):
-    texts = corpus_rows(160, seed=23)
+    texts = corpus_rows(80, seed=23)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
     spans = request_spans(len(texts), seed=9)
@@ -153,7 +153,7 @@ def test_an_owner_with_overlapped_forwards_answers_every_row_as_the_reference(
     own.mkdir()
     (own / "minilm").symlink_to(repository / "minilm", target_is_directory=True)
     add_split_variant(own, "minilm", "overlapped", fronts=1, parameters={"overlap_forwards": "on"})
-    texts = corpus_rows(120, seed=31)
+    texts = corpus_rows(60, seed=31)
     ids = tokenizer.encode(texts, truncate=True)
     expected = reference_model(ids)
     spans = request_spans(len(texts), seed=5)
