@@ -90,6 +90,8 @@ def body_check(
     max_body_size: str,
     log_path: Path,
     workers: int = 1,
+    grpc_bytes_in_progress: str = "1024m",
+    body_deadline_s: float = 30.0,
 ) -> HelperProcess:
     """The body check on loopback ports, in front of Triton's HTTP and gRPC ports."""
     command = [
@@ -102,6 +104,8 @@ def body_check(
         f"--grpc-listen=127.0.0.1:{grpc_port}",
         f"--max-body-size={max_body_size}",
         f"--workers={workers}",
+        f"--grpc-bytes-in-progress={grpc_bytes_in_progress}",
+        f"--body-deadline-s={body_deadline_s:g}",
     ]
     return HelperProcess(
         "the body check", "body_check", command, f"http://127.0.0.1:{http_port}/health", log_path

@@ -55,6 +55,7 @@ from tools.front_door import (
     FrontDoorSettings,
     from_env,
     parse_api_key,
+    parse_size,
     random_key,
     read_env,
 )
@@ -276,6 +277,14 @@ class ServeSettings:
     )
     # body-check processes sharing its ports: its CPU per request is Python's (docs/SECURITY.md)
     check_workers: int = field(default=1, metadata=from_env("CHECK_WORKERS", int_at_least(1)))
+    # in each of them: the gRPC messages being received, counted at MAX_BODY_SIZE each, and the
+    # seconds a call's message has to arrive whole (docs/SECURITY.md#the-body-check)
+    check_grpc_bytes_in_progress: str = field(
+        default="1024m", metadata=from_env("CHECK_GRPC_BYTES_IN_PROGRESS", parse_size)
+    )
+    check_body_deadline_s: float = field(
+        default=30.0, metadata=from_env("CHECK_BODY_DEADLINE_S", number_at_least(0.1))
+    )
     admin_key: str = field(default="", metadata=from_env("TRITON_ADMIN_KEY", parse_api_key))
     probe_interval_s: float = field(
         default=2.0, metadata=from_env("PROBE_INTERVAL_S", number_at_least(0.05))
@@ -607,6 +616,8 @@ class Launcher:
                 s.front_door.max_body_size,
                 s.state_dir / "body_check.log",
                 workers=s.check_workers,
+                grpc_bytes_in_progress=s.check_grpc_bytes_in_progress,
+                body_deadline_s=s.check_body_deadline_s,
             ),
         ]
 

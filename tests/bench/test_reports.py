@@ -97,3 +97,21 @@ def test_the_machine_load_counts_the_hosts_steal_over_the_run(monkeypatch):
     load = harness.MachineLoad()
     # 1000 ticks spent, 150 of them stolen
     assert "the host took 15.0% of its CPU time" in load.describe()
+
+
+def test_a_window_in_which_nothing_finished_is_doubled_and_noted(monkeypatch, tmp_path):
+    from bench import harness
+    from tools.perf_analyzer import PerfPoint
+
+    windows = []
+
+    def perf_analyzer(*args, measurement_ms, stability_percent, **kwargs):
+        windows.append((measurement_ms, stability_percent))
+        if len(windows) < 3:
+            raise RuntimeError("No valid requests recorded within time interval.")
+        return PerfPoint(5.0, 1.0, 2.0, 3.0), ""
+
+    monkeypatch.setattr(harness, "run_perf_analyzer", perf_analyzer)
+    point, note = harness.measure("m", "url", 64, tmp_path, 4000)
+    assert windows == [(4000, 30), (8000, 30), (16000, 30)]
+    assert point.rows_per_s == 5.0 and note == "4x window"

@@ -213,6 +213,12 @@ def test_the_defaults_compose_restates_are_the_declared_ones():
     # the published ports default to the door's own
     for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
         assert restated[name] == declared[name]
+    # the body check's budget and deadline, as the launcher's defaults (its workers: 4 here)
+    from tools.serve import ServeSettings
+
+    launcher = env_defaults(ServeSettings)
+    assert restated["CHECK_GRPC_BYTES_IN_PROGRESS"] == launcher["CHECK_GRPC_BYTES_IN_PROGRESS"]
+    assert float(restated["CHECK_BODY_DEADLINE_S"]) == float(launcher["CHECK_BODY_DEADLINE_S"])
 
 
 SCRIPT = ROOT / "docker" / "nginx" / "10-api-keys.sh"

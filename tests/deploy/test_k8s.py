@@ -126,6 +126,14 @@ def test_service_ports_reach_the_front_door_and_never_triton():
         assert f"--triton-{kind}={door_env[f'TRITON_{kind.upper()}_ADDRESS']}" in check
         assert door_env[f"CHECK_{kind.upper()}_ADDRESS"].startswith("127.0.0.1:")
     assert f"--max-body-size={door_env['MAX_BODY_SIZE']}" in check
+    # its read budget and deadline: the launcher's defaults
+    from tools.front_door import env_defaults
+    from tools.serve import ServeSettings
+
+    launcher = env_defaults(ServeSettings)
+    assert f"--grpc-bytes-in-progress={launcher['CHECK_GRPC_BYTES_IN_PROGRESS']}" in check
+    (deadline,) = [a for a in check if a.startswith("--body-deadline-s=")]
+    assert float(deadline.split("=")[1]) == float(launcher["CHECK_BODY_DEADLINE_S"])
 
 
 def test_the_front_door_renders_the_template_every_deployment_renders():
