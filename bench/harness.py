@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -84,20 +84,24 @@ def token_id_input_data(version_dir: Path, path: Path) -> Path:
 
 
 class MachineLoad:
-    """How loaded the machine was, for a report beside its ratios: the 1-minute load average
-    when the run began (before it started a server), and the CPU time the host took from this
-    machine while it ran (steal, from /proc/stat; 0 on bare metal)."""
+    """How loaded the machine was, for a report beside its ratios: the share of its CPU time
+    busy in the second before the run started anything (other processes' load), and the share
+    the host took from this machine while the run went on (steal, from /proc/stat; 0 on bare
+    metal)."""
 
-    def __init__(self) -> None:
-        self.load_before = os.getloadavg()[0]
+    def __init__(self, sample_s: float = 1.0) -> None:
+        before = cpu_times()
+        time.sleep(sample_s)
         self.start = cpu_times()
+        spent = [b - a for a, b in zip(before, self.start, strict=True)]
+        self.busy_before = 1 - (spent[3] + spent[4]) / max(1, sum(spent))  # idle, iowait
 
     def describe(self) -> str:
         end = cpu_times()
         spent = [b - a for a, b in zip(self.start, end, strict=True)]
         steal = spent[7] / max(1, sum(spent)) if len(spent) > 7 else 0.0
         return (
-            f"The machine's load average (1 min) was {self.load_before:.2f} before the run; the "
+            f"The machine was {self.busy_before:.0%} busy in the second before the run; the "
             f"host took {steal:.1%} of its CPU time during it."
         )
 

@@ -64,8 +64,8 @@ def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
         point = PerfPoint(rate, p99 / 2, p99 * 0.8, p99)
         return Run(0, c, model, point, "" if stable else "unstable")
 
-    load = MachineLoad()
-    load.load_before, load.start = 1.5, [0] * 10
+    load = MachineLoad(sample_s=0)
+    load.busy_before, load.start = 0.25, [0] * 10
     rates = {"planner_dp": 300.0, "planner_per_bucket": 200.0, PEER: 100.0}
     runs = [at(c, m, rates[m] * c, 10.0 * c, stable=m != PEER) for c in (8, 64) for m in MODELS]
     text = report(
@@ -85,18 +85,26 @@ def test_the_serving_report_compares_each_model_with_the_peer_at_its_own_load():
     )
     assert "Server efficiency (best served over the limit): 32%." in text
     assert "| planner_dp | 2 | 4 | 0.80x |" in text
-    assert "load average (1 min) was 1.50 before the run" in text
+    assert "The machine was 25% busy in the second before the run" in text
     assert "$" not in text
 
 
-def test_the_machine_load_counts_the_hosts_steal_over_the_run(monkeypatch):
+def test_the_machine_load_is_the_busy_share_before_and_the_hosts_steal_during(monkeypatch):
     from bench import harness
 
-    ticks = iter([[100, 0, 50, 800, 0, 0, 0, 50, 0, 0], [200, 0, 100, 1500, 0, 0, 0, 200, 0, 0]])
+    ticks = iter(
+        [
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [100, 0, 50, 800, 50, 0, 0, 0, 0, 0],  # the second before: 150 of 1000 busy
+            [200, 0, 100, 1500, 50, 0, 0, 150, 0, 0],  # the run: 150 of 1000 stolen
+        ]
+    )
     monkeypatch.setattr(harness, "cpu_times", lambda: next(ticks))
-    load = harness.MachineLoad()
-    # 1000 ticks spent, 150 of them stolen
-    assert "the host took 15.0% of its CPU time" in load.describe()
+    load = harness.MachineLoad(sample_s=0)
+    assert load.describe() == (
+        "The machine was 15% busy in the second before the run; the host took 15.0% of its CPU "
+        "time during it."
+    )
 
 
 def test_a_window_in_which_nothing_finished_is_doubled_and_noted(monkeypatch, tmp_path):
