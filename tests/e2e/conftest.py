@@ -21,7 +21,8 @@ pytest.importorskip("pytriton")
 torch = pytest.importorskip("torch")
 
 BUCKETS = (16, 32, 64, 128, 256)
-SLOW_FORWARD_MS = 1000
+# MiniLM whose every forward first waits this long without the CPU (a delay_ms fault)
+SLOW, SLOW_FORWARD_MS = "minilm_slow", 1000
 _LOGS: list[Path] = []
 
 
@@ -92,8 +93,8 @@ def repository(tmp_path_factory) -> Path:
     write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
     add_model_variant(repo, "minilm", "minilm_small_queue", {"max_queue_rows": "8"})
     # every forward a second long without using the CPU: what queues behind it waits
-    add_model_variant(repo, "minilm", "minilm_slow")
-    write_fault_spec(repo / "minilm_slow" / "1", f"delay_ms={SLOW_FORWARD_MS}")
+    add_model_variant(repo, "minilm", SLOW)
+    write_fault_spec(repo / SLOW / "1", f"delay_ms={SLOW_FORWARD_MS}")
     # the split layout: two fronts and a queue owner over the same engine files
     add_split_variant(repo, "minilm", "minilm_split", fronts=2)
     # for the OpenAI adapter: a model that declares the sizes `dimensions` may ask for
@@ -147,7 +148,7 @@ def server(repository, tmp_path_factory):
         "reranker",
         "minilm_faults",
         "minilm_small_queue",
-        "minilm_slow",
+        SLOW,
         "minilm_split",
         "minilm_split_owner",
     )
@@ -213,7 +214,7 @@ def stack(repository, tmp_path_factory):
     )
     root = tmp_path_factory.mktemp("stack")
     own = Stack(
-        repository_of(repository, (*models, "minilm_small_queue", "minilm_slow"), root),
+        repository_of(repository, (*models, "minilm_small_queue", SLOW), root),
         root / "state",
         {"API_KEY": API_KEY},
         models=models,

@@ -8,9 +8,8 @@ import time
 import tritonclient.grpc as grpcclient
 
 from testkit.triton_clients import client, infer, text_inputs
+from tests.e2e.conftest import SLOW
 from tests.e2e.test_serving import total
-
-SLOW = "minilm_slow"  # MiniLM whose every forward takes a second more (tests/e2e/conftest.py)
 
 
 def long_texts(n: int) -> list[str]:

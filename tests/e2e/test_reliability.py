@@ -17,8 +17,8 @@ import tritonclient.http as httpclient
 
 from builder.corpus import corpus_rows
 from testkit.triton_clients import PROTOCOLS, client, id_inputs, infer, infer_error, text_inputs
-from tests.e2e.conftest import repository_of, start_server
-from tests.e2e.scenarios import SLOW, busy, cancel_while_busy, long_texts
+from tests.e2e.conftest import SLOW, repository_of, start_server
+from tests.e2e.scenarios import busy, cancel_while_busy, long_texts
 from tests.e2e.test_serving import total
 
 TOLERANCE = 1e-4
