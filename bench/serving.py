@@ -4,7 +4,8 @@ layouts, routes and peers around it, on the real Triton server.
     python -m bench.serving [--concurrency 1,2,4,8,16,32,64] [--measurement-ms 4000] [--rounds 3]
     python -m bench.serving --layouts one,instances:2,fronts:1,fronts:2,floor [--pin-cores both]
                             [--inputs text,ids] [--rows-per-request 1] [--emulated zero|none]
-    python -m bench.serving --route door,v1 | --peer infinity | --baseline-tree DIR | --emulated T
+                            [--baseline-tree DIR]
+    python -m bench.serving --route door,v1 | --peer infinity
 
 By default one server holds three models over the same engine files: planner_dp (this project:
 its queue, the DP planner, bucketed forwards), planner_per_bucket (grouping by bucket) and
@@ -15,17 +16,17 @@ report goes to its section of docs/PERFORMANCE.md, the plot to docs/serving_thro
 
 Each option instead measures one thing:
 - ``--layouts``: a server for each layout, over the emulated engine (zero: the server's ceiling
-  at GPU speed): ``one`` process, ``instances:N``, ``fronts:N`` (the split layout), ``floor``
-  (bench.emulated_model.PythonBackendFloorModel); CPU and context switches per request by
-  process, from /proc;
+  at GPU speed; none: the bench model's ONNX engine): ``one`` process, ``instances:N``,
+  ``fronts:N`` (the split layout), ``floor`` (bench.emulated_model.PythonBackendFloorModel); CPU
+  and context switches per request by process, from /proc; with ``--baseline-tree DIR`` each is
+  also served by DIR's code (``--layouts one --emulated none``: planner_dp beside an earlier
+  commit);
 - ``--route door``: gRPC direct, through the door without the body check, and through the front
   door; ``--route v1``: ``/v1/embeddings`` against KServe ``infer``, one aiohttp client;
 - ``--peer infinity``: Infinity 0.0.78 (installed into build/infinity-venv on first use) beside
-  our ``/v1`` and the dynamic batcher, the same client;
-- ``--baseline-tree DIR``: planner_dp (or every layout) served by this checkout's code and DIR's;
-- ``--emulated TABLE``: planner_dp over the emulated engine.
+  our ``/v1`` and the dynamic batcher, the same client.
 What is compared alternates in an order that flips every round, so the shared machine's drift
-falls on all alike. Layouts, baseline and emulated runs are printed, not written.
+falls on all alike. Layouts are printed, not written.
 """
 
 from __future__ import annotations
@@ -547,59 +548,6 @@ def infinity_peer(s: Setup) -> str:
     )
 
 
-# -- this checkout beside a baseline checkout ------------------------------------------------------
-
-
-def code_comparison(s: Setup, baseline: Path) -> str:
-    """planner_dp served by this checkout's code and by ``baseline``'s, on the same engine files,
-    both servers running, the idle one asleep."""
-    codes = {THIS: ROOT, BASELINE: baseline.resolve()}
-    urls = {}
-    with contextlib.ExitStack() as stack:
-        for which, code_root in codes.items():
-            server = stack.enter_context(s.triton((MODEL,), code_root))
-            warm_up(server, s.tmp, (MODEL,), max(s.levels))
-            urls[which] = server.grpc_url
-        runs = s.alternate(list(codes), lambda w, c: measure(MODEL, urls[w], c, s.tmp, s.ms))
-    table = [
-        "| concurrency | code | rows/s (each round) | mean rows/s | p99 ms (mean) | vs baseline |",
-        "|---|---|---|---|---|---|",
-    ]
-    for c in s.levels:
-        for which in (BASELINE, THIS):
-            rates = [r.point.rows_per_s for r in runs if r.concurrency == c and r.name == which]
-            rate = mean(runs, which, concurrency=c)
-            table.append(
-                f"| {c} | {which} | {', '.join(f'{x:.1f}' for x in rates)} | {rate:.1f} "
-                f"| {mean(runs, which, 'p99_ms', c):.0f} "
-                f"| {rate / mean(runs, BASELINE, concurrency=c):.3f}x |"
-            )
-    return render(
-        "code_comparison",
-        baseline=baseline,
-        levels=",".join(map(str, s.levels)),
-        ms=s.ms,
-        rounds=s.rounds,
-        warm_concurrency=max(s.levels),
-        table="\n".join(table),
-    )
-
-
-def emulated(s: Setup, table: str) -> str:
-    """planner_dp's queue and planner over an emulated engine (bench/emulated_engine.py) whose
-    forwards take ``table``'s time ("zero": none): the server's own ceiling at GPU speed."""
-    model = add_variant(s.repository, MODEL, "planner_emulated", table)
-    with s.triton(model) as server:
-        warm_up(server, s.tmp, model, max(s.levels))
-        url = server.grpc_url
-        runs = s.alternate(model, lambda m, c: measure(m, url, c, s.tmp, s.ms), rounds=1)
-    return "\n".join(
-        f"| {r.concurrency} | {table} | {r.point.rows_per_s:.1f} | "
-        f"{1e6 / r.point.rows_per_s:.0f} us |" + r.mark()
-        for r in runs
-    )
-
-
 # -- the layouts: one process, instances, fronts, the Python backend's floor ------------------------
 
 LAYOUT = re.compile(r"one|floor|(instances|fronts):[1-9][0-9]*")
@@ -728,7 +676,7 @@ def compare_layouts(s: Setup, args: argparse.Namespace) -> str:
         if layout != "floor" or code == THIS
     ]
     results: dict[Variant, list[Served]] = defaultdict(list)
-    table, rows = args.emulated or "zero", args.rows_per_request
+    table, rows = args.emulated, args.rows_per_request
     for r, key in alternating(variants, s.rounds):
         served = serve_layout(s, key, rows, table, codes[key[2]])
         results[key].append(served)
@@ -789,15 +737,13 @@ def arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
     only.add_argument("--layouts", type=parse_layouts, help="one, instances:N, fronts:N, floor")
     only.add_argument("--route", help="door, v1 or door,v1: only these routes' cost")
     only.add_argument("--peer", choices=("infinity",), help="only this served peer beside ours")
-    parser.add_argument(
-        "--baseline-tree", type=Path, help="another checkout, to serve its code too"
-    )
-    parser.add_argument(
-        "--emulated",
-        help="an emulated engine's forward time (zero, table:a30, ...): alone, planner_dp over it "
-        "at each concurrency; with --layouts, their engine (default zero; none: the ONNX engine)",
-    )
     layouts = parser.add_argument_group("with --layouts")
+    layouts.add_argument("--baseline-tree", type=Path, help="another checkout, to serve it too")
+    layouts.add_argument(
+        "--emulated",
+        default="zero",
+        help="the engine: an emulated one's forward time (zero, table:a30, ...) or none (ONNX)",
+    )
     layouts.add_argument("--pin-cores", choices=("off", "on", "both"), default="off")
     layouts.add_argument(
         "--inputs",
@@ -814,12 +760,11 @@ def arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
         parser.error("--layouts and --route measure at one --concurrency")
     if args.route and not set(args.route.split(",")) <= {"door", "v1"}:
         parser.error(f"--route {args.route!r}: door, v1 or door,v1")
-    alone = [o for o in ("peer", "route", "emulated", "baseline_tree") if getattr(args, o)]
-    if not args.layouts and len(alone) > 1:
-        parser.error("--peer, --route, --emulated and --baseline-tree each measure alone")
-    layout_options = (args.pin_cores, args.inputs, args.rows_per_request)
-    if not args.layouts and layout_options != ("off", "text", 1):
-        parser.error("--pin-cores, --inputs and --rows-per-request go with --layouts")
+    layout_options = (args.pin_cores, args.inputs, args.rows_per_request, args.emulated)
+    if not args.layouts and (layout_options != ("off", "text", 1, "zero") or args.baseline_tree):
+        parser.error(
+            "--pin-cores, --inputs, --rows-per-request, --emulated and --baseline-tree go with --layouts"
+        )
     if "ids" in args.inputs and args.rows_per_request != 1:
         parser.error("--inputs ids sends one row a request (rows of different lengths)")
     if args.baseline_tree and not (args.baseline_tree / "python_backend").is_dir():
@@ -836,10 +781,6 @@ def main(argv: list[str] | None = None) -> int:
         s = Setup(repository, Path(tmp), levels, args.measurement_ms, args.rounds)
         if args.layouts:
             print(compare_layouts(s, args))
-        elif args.emulated is not None:
-            print(emulated(s, args.emulated))
-        elif args.baseline_tree is not None:
-            print(code_comparison(s, args.baseline_tree))
         elif args.peer:
             sections["infinity"] = infinity_peer(s)
         elif args.route:
