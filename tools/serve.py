@@ -9,8 +9,9 @@
 - The front door (nginx, tools/front_door.py) is the only public entry: HTTP_PORT (8000) and
   GRPC_PORT (8001) on PUBLIC_ADDRESS, metrics on METRICS_PORT (8002) on loopback unless
   METRICS_PUBLIC=1. API_KEY, when set, is required for inference.
-- The watchdog sends a real one-row inference to each probed model every PROBE_INTERVAL_S and
-  watches the model stubs. A Python-backend stub that died leaves Triton answering "ready" while
+- The watchdog sends a real one-row inference to each probed model every PROBE_INTERVAL_S (on a
+  thread of its own: a probe queued behind long forwards holds up nothing) and watches the
+  model stubs. A Python-backend stub that died leaves Triton answering "ready" while
   every request fails; on that signal Triton is restarted (the front door answers 503 meanwhile
   and the requests the dead stub held end with an error). A dead queue owner of the split layout
   is reloaded alone instead (Triton runs with explicit model control, every model loaded): its
@@ -33,9 +34,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -137,31 +141,68 @@ def child_stubs(pid: int) -> set[int]:
     }
 
 
-@dataclass
-class ProbeResult:
-    healthy: bool  # False: the model cannot serve and will not recover by itself
-    detail: str
+PROBE_BODY = json.dumps(
+    {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["probe"]}]}
+).encode()
 
 
-def probe_model(base_url: str, model: str, timeout_s: float) -> ProbeResult:
-    """One real inference of one short row; a stub that died answers 500 '... not healthy'."""
-    body = json.dumps(
-        {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["probe"]}]}
-    ).encode()
-    request = urllib.request.Request(
-        f"{base_url}/v2/models/{model}/infer",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return ProbeResult(True, f"HTTP {response.status}")
-    except urllib.error.HTTPError as err:
-        text = err.read().decode(errors="replace")[:300]
-        # "queue full", a refused input and the like mean the model is alive and answering
-        return ProbeResult("not healthy" not in text, f"HTTP {err.code}: {text}")
-    except OSError as err:  # a timeout under load is not a failure; a dead Triton is seen apart
-        return ProbeResult(True, f"no answer in {timeout_s:.0f} s ({err})")
+class ModelProbe:
+    """One real one-row inference of each model, on a thread of its own. A probe queued behind
+    long forwards can wait its whole timeout; meanwhile the watch loop goes on seeing dead stubs,
+    a Triton that exited and failing helpers. ``outcome``: None while running or when every
+    model answered, else (cause, what was seen). ``close()`` ends the probe in flight: Triton
+    stopping would otherwise wait for its connection."""
+
+    def __init__(self, triton: TritonServer, models: list[str], timeout_s: float) -> None:
+        self.triton = triton  # the server probed: what it says about an earlier one is dropped
+        self.outcome: tuple[str, str] | None = None
+        self.finished = threading.Event()
+        self.closed = False
+        self.connection: http.client.HTTPConnection | None = None
+        args = (models, timeout_s)
+        threading.Thread(target=self._run, args=args, name="model-probe", daemon=True).start()
+
+    def close(self) -> None:
+        self.closed = True
+        connection = self.connection
+        if connection is not None and connection.sock is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+
+    def _run(self, models: list[str], timeout_s: float) -> None:
+        try:
+            for model in models:
+                if self.closed:
+                    return
+                healthy, detail = self.probe(model, timeout_s)
+                if not healthy:
+                    self.outcome = "probe_failed", f"probe of {model} failed: {detail}"
+                    return
+        finally:
+            self.finished.set()
+
+    def probe(self, model: str, timeout_s: float) -> tuple[bool, str]:
+        """(healthy, what was seen): a stub that died answers 500 '... not healthy'; "queue
+        full", a refused input and the like mean the model is alive and answering."""
+        self.connection = http.client.HTTPConnection(
+            self.triton.loopback, self.triton.http_port, timeout=timeout_s
+        )
+        try:
+            self.connection.request(
+                "POST",
+                f"/v2/models/{model}/infer",
+                PROBE_BODY,
+                {"Content-Type": "application/json"},
+            )
+            response = self.connection.getresponse()
+            text = response.read(300).decode(errors="replace")
+            if response.status == 200:
+                return True, "HTTP 200"
+            return "not healthy" not in text, f"HTTP {response.status}: {text}"
+        except OSError as err:  # a timeout under load is no failure; a dead Triton is seen apart
+            return True, f"no answer in {timeout_s:.0f} s ({err})"
+        finally:
+            self.connection.close()
 
 
 HEALTHY_RESET_S = 60.0  # a part up this long starts its next backoff from 1 s again
@@ -331,6 +372,7 @@ class Launcher:
         self.counts = RestartCounts()
         self.metrics_server: ThreadingHTTPServer | None = None
         self.helper_misses: dict[str, int] = {}  # by helper name: /health probes missed in a row
+        self.probe: ModelProbe | None = None  # the models' inference probe in flight
 
     def log(self, message: str) -> None:
         print(f"[serve] {message}", flush=True)
@@ -454,19 +496,6 @@ class Launcher:
             return False
         return not failed or self.bring_triton_back("reload_failed", failed[0])
 
-    def unhealthy_reason(self) -> tuple[str, str] | None:
-        """Why the model cannot serve (a cause, and what was seen), or None; cheap checks first."""
-        assert self.triton is not None and self.triton.process is not None
-        missing = self.dead_stubs()
-        if missing:
-            return "stub_died", f"model stub process(es) {sorted(missing)} died"
-        base = f"http://{self.triton.loopback}:{self.settings.triton_http_port}"
-        for model in self.settings.models:
-            result = probe_model(base, model, self.settings.probe_timeout_s)
-            if not result.healthy:
-                return "probe_failed", f"probe of {model} failed: {result.detail}"
-        return None
-
     def bring_triton_back(self, cause: str, detail: str) -> bool:
         """Restarts Triton until it is ready (``bring_back``'s rule)."""
         return self.bring_back("triton", cause, detail, lambda: self.restart_triton(detail))
@@ -558,21 +587,33 @@ class Launcher:
                 if not self.bring_back(helper.part, cause, detail, helper.start):
                     return 1 if not self.stopping else 0
                 continue
+            if self.probe is not None and self.probe.triton is not self.triton:
+                self.probe.close()  # Triton was restarted meanwhile: its answer is stale
+                self.probe = None
             if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self.settings.probe_interval_s
                 dead = self.dead_stubs()
+                if dead and not self.triton_running():
+                    continue  # Triton itself exited, its stubs with it: seen as that, above
                 if dead and all((m or "").endswith(OWNER_SUFFIX) for m in dead.values()):
                     if not self.bring_owners_back(sorted({m for m in dead.values() if m})):
                         return 1 if not self.stopping else 0
-                    next_probe = time.monotonic() + self.settings.probe_interval_s
                     continue
-                unhealthy = self.unhealthy_reason()
-                if (
-                    unhealthy is not None
-                    and not self.stopping
-                    and not self.bring_triton_back(*unhealthy)
-                ):
+                if dead:
+                    if not self.bring_triton_back(
+                        "stub_died", f"model stub process(es) {sorted(dead)} died"
+                    ):
+                        return 1 if not self.stopping else 0
+                    continue
+                if self.probe is None:
+                    assert self.triton is not None
+                    self.probe = ModelProbe(
+                        self.triton, self.settings.models, self.settings.probe_timeout_s
+                    )
+            if self.probe is not None and self.probe.finished.is_set():
+                failed, self.probe = self.probe.outcome, None
+                if failed is not None and not self.stopping and not self.bring_triton_back(*failed):
                     return 1 if not self.stopping else 0
-                next_probe = time.monotonic() + self.settings.probe_interval_s
         return 0
 
     def failed_helper(self, probe: bool) -> tuple[HelperProcess, str, str] | None:
@@ -629,6 +670,8 @@ class Launcher:
             self.front_door.stop()
         for helper in self.helpers:
             helper.stop()
+        if self.probe is not None:
+            self.probe.close()
         if self.triton is not None:
             self.triton.stop()
 

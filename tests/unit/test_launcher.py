@@ -159,3 +159,108 @@ def test_the_body_checks_read_budget_and_deadline_come_from_the_environment(tmp_
     (check,) = [h for h in Launcher(settings).new_helpers() if h.part == "body_check"]
     assert "--grpc-bytes-in-progress=256m" in check.command
     assert "--body-deadline-s=7.5" in check.command
+
+
+class Infer(BaseHTTPRequestHandler):
+    """Triton's inference route: holds every probe ``hold_s`` (a probe queued behind long
+    forwards), then answers ``answer``."""
+
+    hold_s: float
+    answer: tuple[int, bytes]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(self.hold_s)
+        code, body = self.answer
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Process:
+    returncode: int | None = None
+    pid = 0
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def watched(
+    tmp_path,
+    hold_s: float,
+    answer: tuple[int, bytes],
+    dead_after_s: float | None,
+    triton_dies_too: bool = False,
+):
+    """A launcher watching a stand-in Triton whose one stub dies ``dead_after_s`` into the
+    watch (None: never), with Triton itself when ``triton_dies_too``, just before the launcher
+    looks at the stubs: (what it restarted Triton for, seconds into the watch)."""
+    handler = type("Handler", (Infer,), {"hold_s": hold_s, "answer": answer})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = ServeSettings(
+        tmp_path,
+        ["m"],
+        state_dir=tmp_path,
+        probe_interval_s=0.1,
+        probe_timeout_s=30.0,
+        triton_http_port=server.server_port,
+    )
+    launcher = Launcher(settings)
+    launcher.triton = type(  # type: ignore[assignment]
+        "Triton",
+        (),
+        {
+            "process": Process(),
+            "loopback": "127.0.0.1",
+            "http_port": server.server_port,
+        },
+    )()
+    started = time.monotonic()
+    restarts: list[tuple[str, float]] = []
+
+    def dead_stubs():
+        dead = dead_after_s is not None and time.monotonic() - started > dead_after_s
+        if dead and triton_dies_too:
+            launcher.triton.process.returncode = -9  # type: ignore[union-attr]
+        return {4242: "m"} if dead else {}
+
+    def bring_triton_back(cause: str, detail: str) -> bool:
+        restarts.append((cause, time.monotonic() - started))
+        launcher.stopping = True
+        return False
+
+    launcher.dead_stubs = dead_stubs  # type: ignore[method-assign]
+    launcher.bring_triton_back = bring_triton_back  # type: ignore[method-assign]
+    watcher = threading.Thread(target=launcher.watch, daemon=True)
+    watcher.start()
+    watcher.join(10)
+    server.shutdown()
+    return restarts
+
+
+def test_a_stub_that_dies_while_a_probe_waits_is_seen_at_the_next_interval(tmp_path):
+    """A probe queued behind long forwards can wait its whole timeout (30 s here): the stub's
+    death is seen meanwhile, not after it."""
+    restarts = watched(tmp_path, hold_s=30.0, answer=(200, b"{}"), dead_after_s=0.5)
+    assert len(restarts) == 1
+    cause, seconds = restarts[0]
+    assert cause == "stub_died" and seconds < 5
+
+
+def test_a_probe_that_finds_the_model_not_healthy_restarts_triton(tmp_path):
+    not_healthy = b'{"error":"Stub process \'m_0_0\' is not healthy."}'
+    restarts = watched(tmp_path, hold_s=0.2, answer=(500, not_healthy), dead_after_s=None)
+    assert [cause for cause, _ in restarts] == ["probe_failed"]
+
+
+def test_a_triton_that_dies_with_its_stubs_is_restarted_for_exiting(tmp_path):
+    """Killed Triton's stubs are gone from its children at once: that is Triton exiting, not a
+    dead stub, even when the launcher looks at the stubs first."""
+    restarts = watched(tmp_path, 0.0, (200, b"{}"), dead_after_s=0.3, triton_dies_too=True)
+    assert [cause for cause, _ in restarts] == ["exited"]
