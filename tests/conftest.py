@@ -12,3 +12,11 @@ settings.register_profile(
     "thorough", max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_finish(session):
+    """Start what waits on the network for long, so that it runs beside the tests before it."""
+    if any("test_image_requirements_resolve" in item.nodeid for item in session.items):
+        from tests.deploy.test_image import start_resolving
+
+        start_resolving()

@@ -48,28 +48,43 @@ def test_every_image_requirement_is_pinned_exactly():
                 )
 
 
-@pytest.mark.parametrize(
-    ("name", "no_deps"), [("requirements.txt", False), ("requirements-model.txt", True)]
-)
-def test_image_requirements_resolve_for_the_image_python(name, no_deps, tmp_path):
+# each file and whether its dependencies are resolved too (the model file's are the base image's)
+REQUIREMENTS = {"requirements.txt": False, "requirements-model.txt": True}
+_RESOLVING: dict[str, tuple[Path, subprocess.Popen[str]]] = {}
+
+
+def start_resolving() -> None:
+    """Start pip resolving each file not resolved before, in the background: it waits on PyPI's
+    index for most of half a minute, so it runs beside the tests before it (tests/conftest.py
+    starts it once the tests are collected) and its test only reads the outcome."""
     python = release()["PYTHON_VERSION"]
-    path = DOCKER / name
-    key = hashlib.sha256(path.read_bytes() + python.encode()).hexdigest()[:16]
-    stamp = RESOLVED / f"{name}.{key}"
-    if stamp.exists():
-        return
-    command = [
-        sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-        "--only-binary=:all:", "--target", str(tmp_path / "target"),
-        "--python-version", python, "-r", str(path),
-    ]  # fmt: skip
-    for platform in PLATFORMS:
-        command += ["--platform", platform]
-    if no_deps:
-        command.append("--no-deps")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
-    assert result.returncode == 0, f"{name} does not install on Python {python}: {errors}"
+    for name, no_deps in REQUIREMENTS.items():
+        path = DOCKER / name
+        key = hashlib.sha256(path.read_bytes() + python.encode()).hexdigest()[:16]
+        stamp = RESOLVED / f"{name}.{key}"
+        if stamp.exists() or name in _RESOLVING:
+            continue
+        command = [
+            sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+            "--only-binary=:all:", "--python-version", python,
+            "-r", str(path), *(f"--platform={p}" for p in PLATFORMS), *["--no-deps"] * no_deps,
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        _RESOLVING[name] = (stamp, process)
+
+
+@pytest.mark.parametrize("name", REQUIREMENTS)
+def test_image_requirements_resolve_for_the_image_python(name):
+    start_resolving()  # started already, unless this test runs alone
+    if name not in _RESOLVING:
+        return  # this file's content resolved before, for this Python
+    stamp, process = _RESOLVING[name]
+    _, stderr = process.communicate(timeout=600)
+    errors = [line for line in stderr.splitlines() if "ERROR" in line]
+    python = release()["PYTHON_VERSION"]
+    assert process.returncode == 0, f"{name} does not install on Python {python}: {errors}"
     RESOLVED.mkdir(parents=True, exist_ok=True)
     stamp.touch()
 
