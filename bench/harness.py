@@ -44,7 +44,11 @@ def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
     summary = target / "build-summary.txt"
     if rebuild or not (version / "manifest.json").is_file() or not summary.is_file():
         spec = BuildSpec(
-            name="planner_dp", repository=target, texts_file=SAMPLE, engine="onnxruntime"
+            name="planner_dp",
+            repository=target,
+            texts_file=SAMPLE,
+            engine="onnxruntime",
+            force=rebuild,
         )
         try:
             result = build(spec)

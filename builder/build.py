@@ -18,11 +18,13 @@ the manifest (with its calibration) and the bucket report; nothing parses printe
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +53,7 @@ from python_backend.common.manifest import (
     Bucket,
     LongRows,
     Manifest,
+    load_manifest,
 )
 
 if TYPE_CHECKING:
@@ -178,6 +181,15 @@ class BuildResult:
 def build(spec: BuildSpec) -> BuildResult:
     spec.validate()
     resolved = resolve(spec)
+    version_dir = spec.repository / spec.name / "1"
+    key = build_key(spec, resolved)
+    present = None if spec.force else unchanged_build(spec, version_dir, key)
+    if present is not None:
+        if not spec.quiet:
+            print(f"{spec.name}: its engines were built from the same model, settings and "
+                  "engine runtime; nothing to do (--force builds again)", flush=True)  # fmt: skip
+        return present
+    (version_dir / BUILD_KEY_FILE).unlink(missing_ok=True)  # written again once all is built
     steps = 5 + bool(spec.calibration_repeats) + resolved.on_gpu  # on a GPU: the engine's check
     progress = Progress(total=steps, quiet=spec.quiet)
     with progress("load model"):
@@ -192,7 +204,6 @@ def build(spec: BuildSpec) -> BuildResult:
             spec, resolved, report.lengths, last_bucket, max_length, progress
         )
         opt = choose_opt_rows(spec, sample, buckets, long_rows, max_length, progress)
-    version_dir = spec.repository / spec.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     profiles = engine_profiles(opt.buckets, opt.long_rows, max_length, model.input_names)
     engine_files, engine_version = export_and_build_engine(
@@ -235,9 +246,78 @@ def build(spec: BuildSpec) -> BuildResult:
         manifest = with_quantization_ranges(spec, manifest, version_dir, progress)
     with progress("write model repository"):
         write_entry(spec, manifest, version_dir, progress)
+        (version_dir / BUILD_KEY_FILE).write_text(key + "\n")
     seconds = time.perf_counter() - progress.started
     progress.say(f"built {spec.name} in {seconds:.0f} s")
     return BuildResult(manifest, version_dir, report, seconds)
+
+
+BUILD_KEY_FILE = "build_key.txt"  # what the version folder's engines were built from
+NOT_IN_KEY = {"repository", "timing_cache", "work_dir", "quiet", "force"}  # change no output
+
+
+def build_key(spec: BuildSpec, resolved: Resolved) -> str:
+    """A digest of everything a build's output depends on: the spec's settings, their resolved
+    values, the content of the model's files, tokenizer and samples, the engine runtime's
+    version, the GPU the engines are built for and the fronts --fronts auto chooses here."""
+    digest = hashlib.sha256()
+    settings = {
+        f.name: str(getattr(spec, f.name)) for f in fields(spec) if f.name not in NOT_IN_KEY
+    }
+    digest.update(json.dumps([settings, asdict(resolved)], sort_keys=True, default=str).encode())
+    model_files = sorted(
+        relative
+        for relative in (p.relative_to(resolved.model_dir) for p in resolved.model_dir.rglob("*"))
+        if not any(part.startswith(".") for part in relative.parts)
+        and (resolved.model_dir / relative).is_file()
+    )
+    others = [resolved.tokenizer_path, spec.texts_file, spec.lengths_file]
+    for name, path in [(str(p), resolved.model_dir / p) for p in model_files] + [
+        (f"input {i}", p) for i, p in enumerate(others) if p is not None and p.is_file()
+    ]:  # a missing sample is named by the step that reads it
+        with path.open("rb") as f:
+            digest.update(f"{name} {hashlib.file_digest(f, 'sha256').hexdigest()}".encode())
+    digest.update(runtime_identity(resolved).encode())
+    if spec.fronts is None:
+        fronts = default_fronts(resolved.on_gpu, spec.cores, spec.gpus, spec.instances_per_gpu)
+        digest.update(f"fronts {fronts}".encode())
+    return digest.hexdigest()
+
+
+def runtime_identity(resolved: Resolved) -> str:
+    """The engine runtime's version, and on a GPU the device the engines are built on."""
+    import importlib
+
+    module = importlib.import_module(resolved.engine_kind)
+    identity = f"{resolved.engine_kind} {module.__version__}"
+    import torch
+
+    if resolved.on_gpu and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        identity += f" on {torch.cuda.get_device_name(0)} sm_{major}{minor}"
+    return identity
+
+
+def unchanged_build(spec: BuildSpec, version_dir: Path, key: str) -> BuildResult | None:
+    """The build already present in ``version_dir``, when it was made from ``key`` and its
+    manifest, engine files and config are all there; else None."""
+    stamp = version_dir / BUILD_KEY_FILE
+    if not stamp.is_file() or stamp.read_text().strip() != key:
+        return None
+    if not (version_dir.parent / "config.pbtxt").is_file():
+        return None
+    try:
+        manifest = load_manifest(version_dir)
+    except (OSError, ValueError):
+        return None
+    if not all((version_dir / name).is_file() for name in manifest.engine_files):
+        return None
+    return BuildResult(
+        manifest,
+        version_dir,
+        BucketReport(tuple(b.length for b in manifest.buckets), "unchanged"),
+        0.0,
+    )
 
 
 def resolve(spec: BuildSpec) -> Resolved:

@@ -147,6 +147,11 @@ class BuildSpec:
         default=None,
     )
     quiet: bool = _opt("print only errors", default=False)
+    force: bool = _opt(
+        "build even when the engines present were built from the same model, settings and "
+        "engine runtime (without it, such a build does nothing)",
+        default=False,
+    )
 
     def validate(self) -> BuildSpec:
         """The spec itself, or a BuildError naming the first bad setting."""

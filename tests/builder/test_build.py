@@ -264,3 +264,55 @@ def test_no_wrapper_builds_a_key_value_cache(tiny_decoder_dir):
         assert model.config.use_cache
         wrap(model)
         assert not model.config.use_cache
+
+
+def test_a_build_from_the_same_model_and_settings_does_nothing_and_any_change_builds(
+    tmp_path, tiny_classifier_dir, capsys
+):
+    """What compose's one-shot builder does at every `up`: engines built from the same model,
+    settings and runtime are kept as they are; a changed setting, a changed model file or
+    --force builds again."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_classifier_dir, model)
+    repository = tmp_path / "repository"
+    settings = {"buckets": (8, 24), "max_length": 24}
+    first = build_onnx(repository, model, "clf", **settings)
+    engine = first.version_dir / first.manifest.engine_files[0]
+
+    def written() -> dict[str, int]:
+        return {
+            str(p.relative_to(repository)): p.stat().st_mtime_ns
+            for p in repository.rglob("*")
+            if p.is_file()
+        }
+
+    before = written()
+    again = build_onnx(repository, model, "clf", **settings)
+    assert written() == before, "nothing was written again"
+    assert again.manifest == first.manifest and again.seconds == 0.0
+    # the command line says so, and does the same
+    capsys.readouterr()
+    args = ["build", f"--model-dir={model}", "--name=clf", f"--repository={repository}",
+            "--engine=onnxruntime", "--calibration-repeats=0", "--buckets=8,24",
+            "--max-length=24"]  # fmt: skip
+    assert builder_main(args) == 0
+    assert "nothing to do" in capsys.readouterr().out and written() == before
+
+    def rebuilt(**changes) -> bool:
+        mtime = engine.stat().st_mtime_ns
+        build_onnx(repository, model, "clf", **{**settings, **changes})
+        return engine.stat().st_mtime_ns != mtime
+
+    assert rebuilt(max_batch=32), "a changed setting builds again"
+    assert load_manifest(first.version_dir).max_batch == 32
+    assert not rebuilt(max_batch=32)
+    config = json.loads((model / "config.json").read_text())
+    config["layer_norm_eps"] = config.get("layer_norm_eps", 1e-12) * 10
+    (model / "config.json").write_text(json.dumps(config))
+    assert rebuilt(max_batch=32), "a changed model file builds again"
+    assert rebuilt(max_batch=32, force=True), "--force builds again"
+    # a build stopped half way (its key removed first) is built again, not taken as done
+    (first.version_dir / "build_key.txt").unlink()
+    assert rebuilt(max_batch=32)
