@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,43 +51,50 @@ def test_every_image_requirement_is_pinned_exactly():
 
 # each file and whether its dependencies are resolved too (the model file's are the base image's)
 REQUIREMENTS = {"requirements.txt": False, "requirements-model.txt": True}
-_RESOLVING: dict[str, tuple[Path, subprocess.Popen[str]]] = {}
+
+
+def resolution(name: str) -> tuple[Path, Path, Path]:
+    """The stamp of ``name`` resolved for the image's Python (by content), and the exit code
+    and errors of its resolution."""
+    key = hashlib.sha256((DOCKER / name).read_bytes() + release()["PYTHON_VERSION"].encode())
+    stem = RESOLVED / f"{name}.{key.hexdigest()[:16]}"
+    return stem, stem.with_name(stem.name + ".rc"), stem.with_name(stem.name + ".err")
 
 
 def start_resolving() -> None:
     """Start pip resolving each file not resolved before, in the background: it waits on PyPI's
-    index for most of half a minute, so it runs beside the tests before it (tests/conftest.py
-    starts it once the tests are collected) and its test only reads the outcome."""
-    python = release()["PYTHON_VERSION"]
+    index for most of half a minute, so the process that runs the session starts it
+    (tests/conftest.py) and it runs beside the tests; its test reads the outcome."""
+    RESOLVED.mkdir(parents=True, exist_ok=True)
     for name, no_deps in REQUIREMENTS.items():
-        path = DOCKER / name
-        key = hashlib.sha256(path.read_bytes() + python.encode()).hexdigest()[:16]
-        stamp = RESOLVED / f"{name}.{key}"
-        if stamp.exists() or name in _RESOLVING:
+        stamp, rc, _ = resolution(name)
+        if stamp.exists():
             continue
+        rc.unlink(missing_ok=True)
         command = [
             sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-            "--only-binary=:all:", "--python-version", python,
-            "-r", str(path), *(f"--platform={p}" for p in PLATFORMS), *["--no-deps"] * no_deps,
+            "--only-binary=:all:", "--python-version", release()["PYTHON_VERSION"],
+            "-r", str(DOCKER / name), *(f"--platform={p}" for p in PLATFORMS),
+            *["--no-deps"] * no_deps,
         ]  # fmt: skip
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        _RESOLVING[name] = (stamp, process)
+        script = '"$@" 2> "$0.err" && touch "$0"; echo $? > "$0.rc.part" && mv "$0.rc.part" "$0.rc"'
+        subprocess.Popen(["sh", "-c", script, str(stamp), *command], start_new_session=True)
 
 
 @pytest.mark.parametrize("name", REQUIREMENTS)
 def test_image_requirements_resolve_for_the_image_python(name):
-    start_resolving()  # started already, unless this test runs alone
-    if name not in _RESOLVING:
-        return  # this file's content resolved before, for this Python
-    stamp, process = _RESOLVING[name]
-    _, stderr = process.communicate(timeout=600)
-    errors = [line for line in stderr.splitlines() if "ERROR" in line]
+    stamp, rc, err = resolution(name)
+    if stamp.exists():
+        return  # this content resolved before, for this Python
+    if not rc.exists() and not err.exists():
+        start_resolving()  # this test runs without the session's start (a single file)
+    deadline = time.monotonic() + 600
+    while not rc.exists():
+        assert time.monotonic() < deadline, f"{name}: pip did not finish resolving in 600 s"
+        time.sleep(0.5)
+    errors = [line for line in err.read_text().splitlines() if "ERROR" in line]
     python = release()["PYTHON_VERSION"]
-    assert process.returncode == 0, f"{name} does not install on Python {python}: {errors}"
-    RESOLVED.mkdir(parents=True, exist_ok=True)
-    stamp.touch()
+    assert rc.read_text().strip() == "0", f"{name} does not install on Python {python}: {errors}"
 
 
 def test_the_nvidia_only_file_pins_the_release_tensorrt():

@@ -7,6 +7,8 @@ to the report, so a server-side error is visible next to the client-side symptom
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +89,25 @@ def build_repository(root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
-    repo = build_repository(tmp_path_factory.mktemp("e2e"))
+    """Built once for the whole run: the test processes of `make test` (pytest-xdist) share it,
+    the first to need it builds it under a lock, the others wait and read it."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # each worker's base folder is inside the run's
+    root = shared / "e2e-shared"
+    with FileLock(shared / "e2e-shared.lock"):
+        if not (root / "built").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            variants(build_repository(root))
+            (root / "built").touch()
+    return root / "repository"
+
+
+def variants(repo: Path) -> None:
+    """The built models' variants the tests serve."""
     # for the reliability tests: failures on purpose, a small queue
     add_model_variant(repo, "minilm", "minilm_faults")
     write_fault_spec(repo / "minilm_faults" / "1", "oom_above_tokens=1024,poison_token=29999")
@@ -106,7 +126,6 @@ def repository(tmp_path_factory) -> Path:
     data["prompts"] = {"query": "query: ", "passage": "passage: "}
     manifest.unlink()  # a link to the base model's manifest: this one is its own
     manifest.write_text(json.dumps(data))
-    return repo
 
 
 def repository_of(repository: Path, models: tuple[str, ...], root: Path) -> Path:
