@@ -37,11 +37,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy python_backend builder bench tools openai_api body_check testkit
 
-# processes the tests run on, a file at a time each (TEST_WORKERS=0: in this one)
+# processes the tests run on, a file at a time each, in the order tests/conftest.py gives them
+# (TEST_WORKERS=0: in this one)
 TEST_WORKERS ?= 2
 
 test: setup lint typecheck
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the unit tests alone (no server, no model build): under a minute while changing code
 test-unit: setup
