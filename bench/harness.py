@@ -48,7 +48,7 @@ def build_repository(target: Path, rebuild: bool) -> tuple[Path, list[str]]:
             repository=target,
             texts_file=SAMPLE,
             engine="onnxruntime",
-            force=rebuild,
+            force=rebuild or not summary.is_file(),  # the summary needs the sample's figures
         )
         try:
             result = build(spec)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from google.protobuf.text_format import ParseError
 
 from builder import buckets as bucket_choice
 from builder.cores import default_fronts
@@ -41,6 +42,7 @@ from builder.triton_config import (
     gpu_instances,
     model_config,
     owner_name,
+    read_config,
     write_config,
     write_owner,
 )
@@ -259,7 +261,8 @@ NOT_IN_KEY = {"repository", "timing_cache", "work_dir", "quiet", "force"}  # cha
 def build_key(spec: BuildSpec, resolved: Resolved) -> str:
     """A digest of everything a build's output depends on: the spec's settings, their resolved
     values, the content of the model's files, tokenizer and samples, the engine runtime's
-    version, the GPU the engines are built for and the fronts --fronts auto chooses here."""
+    version, the GPU the engines are built for, the fronts --fronts auto chooses here, and the
+    project's own code that exports, builds and writes the entry."""
     digest = hashlib.sha256()
     settings = {
         f.name: str(getattr(spec, f.name)) for f in fields(spec) if f.name not in NOT_IN_KEY
@@ -275,8 +278,12 @@ def build_key(spec: BuildSpec, resolved: Resolved) -> str:
     for name, path in [(str(p), resolved.model_dir / p) for p in model_files] + [
         (f"input {i}", p) for i, p in enumerate(others) if p is not None and p.is_file()
     ]:  # a missing sample is named by the step that reads it
-        with path.open("rb") as f:
-            digest.update(f"{name} {hashlib.file_digest(f, 'sha256').hexdigest()}".encode())
+        digest.update(f"{name} {file_digest(path)}".encode())
+    # the code that exports, builds and writes the entry: an image with other code builds again
+    project = Path(__file__).resolve().parents[1]
+    for package in ("builder", "python_backend"):
+        for path in sorted((project / package).rglob("*.py")):
+            digest.update(f"{path.relative_to(project)} {file_digest(path)}".encode())
     digest.update(runtime_identity(resolved).encode())
     if spec.fronts is None:
         fronts = default_fronts(resolved.on_gpu, spec.cores, spec.gpus, spec.instances_per_gpu)
@@ -284,13 +291,25 @@ def build_key(spec: BuildSpec, resolved: Resolved) -> str:
     return digest.hexdigest()
 
 
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def runtime_identity(resolved: Resolved) -> str:
-    """The engine runtime's version, and on a GPU the device the engines are built on."""
+    """The versions of the engine runtime and of the export's torch and transformers, and on
+    a GPU the device the engines are built on."""
     import importlib
+
+    import torch
+    import transformers
 
     module = importlib.import_module(resolved.engine_kind)
     identity = f"{resolved.engine_kind} {module.__version__}"
-    import torch
+    identity += f", torch {torch.__version__}, transformers {transformers.__version__}"
 
     if resolved.on_gpu and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
@@ -300,18 +319,25 @@ def runtime_identity(resolved: Resolved) -> str:
 
 def unchanged_build(spec: BuildSpec, version_dir: Path, key: str) -> BuildResult | None:
     """The build already present in ``version_dir``, when it was made from ``key`` and its
-    manifest, engine files and config are all there; else None."""
+    manifest, engine files, tokenizer, model.py, config and (split) its owner's config are all
+    there; else None."""
     stamp = version_dir / BUILD_KEY_FILE
     if not stamp.is_file() or stamp.read_text().strip() != key:
-        return None
-    if not (version_dir.parent / "config.pbtxt").is_file():
         return None
     try:
         manifest = load_manifest(version_dir)
     except (OSError, ValueError):
         return None
-    if not all((version_dir / name).is_file() for name in manifest.engine_files):
+    entry = [*manifest.engine_files, manifest.tokenizer_file, "model.py"]
+    if not all((version_dir / name).is_file() for name in entry):
         return None
+    try:
+        config = read_config(version_dir.parent / "config.pbtxt")
+    except (OSError, ParseError):
+        return None
+    owner = config.parameters.get(OWNER_PARAMETER)
+    if owner is not None and not (spec.repository / owner.string_value / "config.pbtxt").is_file():
+        return None  # the split layout's queue owner is gone
     return BuildResult(
         manifest,
         version_dir,

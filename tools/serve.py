@@ -159,15 +159,17 @@ class ModelProbe:
         self.finished = threading.Event()
         self.closed = False
         self.connection: http.client.HTTPConnection | None = None
+        self.lock = threading.Lock()  # close() against a connection being made
         args = (models, timeout_s)
         threading.Thread(target=self._run, args=args, name="model-probe", daemon=True).start()
 
     def close(self) -> None:
-        self.closed = True
-        connection = self.connection
-        if connection is not None and connection.sock is not None:
+        with self.lock:
+            self.closed = True
+            sock = self.connection.sock if self.connection is not None else None
+        if sock is not None:
             with contextlib.suppress(OSError):
-                connection.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _run(self, models: list[str], timeout_s: float) -> None:
         try:
@@ -184,25 +186,31 @@ class ModelProbe:
     def probe(self, model: str, timeout_s: float) -> tuple[bool, str]:
         """(healthy, what was seen): a stub that died answers 500 '... not healthy'; "queue
         full", a refused input and the like mean the model is alive and answering."""
-        self.connection = http.client.HTTPConnection(
+        connection = http.client.HTTPConnection(
             self.triton.loopback, self.triton.http_port, timeout=timeout_s
         )
         try:
-            self.connection.request(
+            connection.connect()
+            with self.lock:
+                if self.closed:
+                    return True, "closed"
+                self.connection = connection
+            connection.request(
                 "POST",
                 f"/v2/models/{model}/infer",
                 PROBE_BODY,
                 {"Content-Type": "application/json"},
             )
-            response = self.connection.getresponse()
+            response = connection.getresponse()
             text = response.read(300).decode(errors="replace")
             if response.status == 200:
                 return True, "HTTP 200"
             return "not healthy" not in text, f"HTTP {response.status}: {text}"
-        except OSError as err:  # a timeout under load is no failure; a dead Triton is seen apart
-            return True, f"no answer in {timeout_s:.0f} s ({err})"
+        except (OSError, http.client.HTTPException) as err:
+            # a timeout under load is no failure; a dead Triton is seen apart
+            return True, f"no answer in {timeout_s:.0f} s ({err!r})"
         finally:
-            self.connection.close()
+            connection.close()
 
 
 HEALTHY_RESET_S = 60.0  # a part up this long starts its next backoff from 1 s again
@@ -504,6 +512,8 @@ class Launcher:
         assert self.triton is not None
         started = time.monotonic()
         self.log(f"restarting Triton ({reason})")
+        if self.probe is not None:  # its connection would hold the stop below
+            self.probe.close()
         # a dead stub makes a clean shutdown wait out its whole exit timeout: do not wait for it
         self.triton.stop(grace_s=2.0)
         log = self.settings.state_dir / "triton.log"
@@ -599,7 +609,7 @@ class Launcher:
                     if not self.bring_owners_back(sorted({m for m in dead.values() if m})):
                         return 1 if not self.stopping else 0
                     continue
-                if dead:
+                if dead and not self.stopping:
                     if not self.bring_triton_back(
                         "stub_died", f"model stub process(es) {sorted(dead)} died"
                     ):

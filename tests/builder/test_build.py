@@ -316,3 +316,5 @@ def test_a_build_from_the_same_model_and_settings_does_nothing_and_any_change_bu
     # a build stopped half way (its key removed first) is built again, not taken as done
     (first.version_dir / "build_key.txt").unlink()
     assert rebuilt(max_batch=32)
+    (first.version_dir / "model.py").unlink()  # an entry missing a file of its own
+    assert rebuilt(max_batch=32) and (first.version_dir / "model.py").is_file()

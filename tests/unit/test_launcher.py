@@ -170,8 +170,8 @@ class Infer(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        code, body = self.answer  # what the server it reached says, however late
         time.sleep(self.hold_s)
-        code, body = self.answer
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -195,10 +195,13 @@ def watched(
     answer: tuple[int, bytes],
     dead_after_s: float | None,
     triton_dies_too: bool = False,
+    watch_on_s: float | None = None,
 ):
     """A launcher watching a stand-in Triton whose one stub dies ``dead_after_s`` into the
     watch (None: never), with Triton itself when ``triton_dies_too``, just before the launcher
-    looks at the stubs: (what it restarted Triton for, seconds into the watch)."""
+    looks at the stubs: (what it restarted Triton for, seconds into the watch). The first
+    restart stops the watch, unless ``watch_on_s``: then it brings a new, healthy Triton, and
+    the watch goes on until then."""
     handler = type("Handler", (Infer,), {"hold_s": hold_s, "answer": answer})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
@@ -212,35 +215,47 @@ def watched(
         triton_http_port=server.server_port,
     )
     launcher = Launcher(settings)
-    launcher.triton = type(  # type: ignore[assignment]
-        "Triton",
-        (),
-        {
+
+    def new_triton():
+        attributes = {
             "process": Process(),
             "loopback": "127.0.0.1",
             "http_port": server.server_port,
-        },
-    )()
+        }
+        return type("Triton", (), attributes)()
+
+    launcher.triton = new_triton()
     started = time.monotonic()
     restarts: list[tuple[str, float]] = []
 
     def dead_stubs():
         dead = dead_after_s is not None and time.monotonic() - started > dead_after_s
+        dead = dead and not restarts
         if dead and triton_dies_too:
             launcher.triton.process.returncode = -9  # type: ignore[union-attr]
         return {4242: "m"} if dead else {}
 
     def bring_triton_back(cause: str, detail: str) -> bool:
         restarts.append((cause, time.monotonic() - started))
-        launcher.stopping = True
-        return False
+        if watch_on_s is None:
+            launcher.stopping = True
+            return False
+        handler.answer = (200, b"{}")
+        launcher.triton = new_triton()
+        return True
 
     launcher.dead_stubs = dead_stubs  # type: ignore[method-assign]
     launcher.bring_triton_back = bring_triton_back  # type: ignore[method-assign]
     watcher = threading.Thread(target=launcher.watch, daemon=True)
     watcher.start()
+    if watch_on_s is not None:
+        time.sleep(watch_on_s)
+        launcher.stopping = True
     watcher.join(10)
+    alive = watcher.is_alive()
+    launcher.stopping = True
     server.shutdown()
+    assert not alive, "the watch loop ended"
     return restarts
 
 
@@ -264,3 +279,13 @@ def test_a_triton_that_dies_with_its_stubs_is_restarted_for_exiting(tmp_path):
     dead stub, even when the launcher looks at the stubs first."""
     restarts = watched(tmp_path, 0.0, (200, b"{}"), dead_after_s=0.3, triton_dies_too=True)
     assert [cause for cause, _ in restarts] == ["exited"]
+
+
+def test_what_a_probe_finds_on_a_triton_restarted_meanwhile_is_dropped(tmp_path):
+    """A probe sent before Triton was restarted (for a dead stub) answers "not healthy" after
+    the restart: that is the old server's answer, not the new one's, and restarts nothing."""
+    not_healthy = b'{"error":"Stub process \'m_0_0\' is not healthy."}'
+    restarts = watched(
+        tmp_path, hold_s=1.0, answer=(500, not_healthy), dead_after_s=0.3, watch_on_s=2.5
+    )
+    assert [cause for cause, _ in restarts] == ["stub_died"]
