@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -101,7 +102,22 @@ def prepare_backend_dir(target: Path = BACKEND_DIR) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, below the kernel's ephemeral range: a port from that range can
+    be handed out as the local end of an outgoing connection before the server binds it (seen
+    with two test processes: Triton's metrics port taken, every restart failing)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no free port found below the range: any the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
