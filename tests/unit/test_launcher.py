@@ -13,7 +13,27 @@ import pytest
 from tools.serve import Launcher, ServeSettings, reload_model
 
 
-class Repository(BaseHTTPRequestHandler):
+class StandIn(BaseHTTPRequestHandler):
+    """A route of Triton's, stood in for: answers with ``reply``, logs nothing."""
+
+    def reply(self, code: int, data: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def serve(handler: type[StandIn]) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class Repository(StandIn):
     """Answers unload and load with 200; /index with the next of ``index_answers``."""
 
     calls: list[str]
@@ -26,21 +46,13 @@ class Repository(BaseHTTPRequestHandler):
         code, body = (200, {})
         if path == "/index":
             code, body = self.index_answers.pop(0) if self.index_answers else (200, [])
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(code, json.dumps(body).encode())
 
 
 @pytest.fixture
 def repository():
     handler = type("Handler", (Repository,), {"calls": [], "index_answers": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(handler)
     yield handler, f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 
@@ -161,7 +173,7 @@ def test_the_body_checks_read_budget_and_deadline_come_from_the_environment(tmp_
     assert "--body-deadline-s=7.5" in check.command
 
 
-class Infer(BaseHTTPRequestHandler):
+class Infer(StandIn):
     """Triton's inference route: holds every probe ``hold_s`` (a probe queued behind long
     forwards), then answers ``answer``."""
 
@@ -172,13 +184,7 @@ class Infer(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         code, body = self.answer  # what the server it reached says, however late
         time.sleep(self.hold_s)
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(code, body)
 
 
 class Process:
@@ -203,9 +209,7 @@ def watched(
     restart stops the watch, unless ``watch_on_s``: then it brings a new, healthy Triton, and
     the watch goes on until then."""
     handler = type("Handler", (Infer,), {"hold_s": hold_s, "answer": answer})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(handler)
     settings = ServeSettings(
         tmp_path,
         ["m"],
