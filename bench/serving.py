@@ -324,10 +324,10 @@ def front_doors(
     door, with ``plain``, sends its inference calls straight to Triton (the door before the body
     check); without, it is the first."""
     triton_http, triton_grpc = f"127.0.0.1:{server.http_port}", f"127.0.0.1:{server.grpc_port}"
-    check, openai = (free_port(), free_port()), free_port()
+    check, openai = (free_port(), free_port(), free_port()), free_port()
 
-    def door(check_ports: tuple[int, int] | None) -> FrontDoorSettings:
-        http, grpc = check_ports or (server.http_port, server.grpc_port)
+    def door(check_ports: tuple[int, int, int] | None) -> FrontDoorSettings:
+        http, grpc, stream = check_ports or (server.http_port, server.grpc_port, server.grpc_port)
         return FrontDoorSettings(
             triton_http_address=triton_http,
             triton_grpc_address=triton_grpc,
@@ -335,6 +335,7 @@ def front_doors(
             openai_address=f"127.0.0.1:{openai}",
             check_http_address=f"127.0.0.1:{http}",
             check_grpc_address=f"127.0.0.1:{grpc}",
+            check_stream_address=f"127.0.0.1:{stream}",
             public_address="127.0.0.1",
             http_port=free_port(),
             grpc_port=free_port(),

@@ -70,6 +70,13 @@ class CheckSettings:
     # client (twice the largest message); and the time a ModelInfer message has to arrive whole
     grpc_bytes_in_progress: int = 1 << 30
     body_deadline_s: float = 30.0
+    # the largest ModelStreamInfer message (its own port, so gRPC refuses a larger one from its
+    # length prefix): a stream is always reading, so each open stream holds this much
+    stream_message_bytes: int = 256 << 10
+
+    @property
+    def stream_bytes(self) -> int:
+        return min(self.stream_message_bytes, self.max_body_bytes)
 
 
 def header_length_of(values: list[str]) -> int | None:
@@ -179,36 +186,55 @@ def stream_refusal(message: bytes, refused: Refused) -> bytes:
 
 class ReadBudget:
     """The gRPC message bytes being received, per client and in all. gRPC core buffers a message
-    whole before the handler sees it, and reads one only when the handler asks for it, so each
-    read first reserves the largest a message may be; a read waits for room (its caller bounds
-    the wait), and a client that parks slow messages holds only its own share."""
+    whole before the handler sees it, and reads one only when the handler asks for it, refusing
+    one longer than its server's bound from the length prefix. So each ModelInfer read first
+    reserves the largest a message may be (a read waits for room; its caller bounds the wait),
+    and each open stream, which always waits for its next message, holds the largest a stream
+    message may be for its whole life (a stream past the room is refused at once). A client
+    holds at most twice the largest ModelInfer message for each of the two."""
 
-    def __init__(self, message_bytes: int, in_all: int) -> None:
+    def __init__(self, message_bytes: int, in_all: int, stream_bytes: int) -> None:
         self.message_bytes = message_bytes
+        self.stream_bytes = stream_bytes
         self.per_client = 2 * message_bytes
         self.in_all = max(in_all, message_bytes)
-        self.held: dict[str, int] = {}
+        self.held: dict[tuple[str, bool], int] = {}  # (client, for a stream): bytes
         self.total = 0
         self.changed = asyncio.Condition()
 
-    def fits(self, client: str) -> bool:
+    @property
+    def streams_per_client(self) -> int:
+        return self.per_client // self.stream_bytes
+
+    def fits(self, holder: tuple[str, bool], size: int) -> bool:
         return (
-            self.held.get(client, 0) + self.message_bytes <= self.per_client
-            and self.total + self.message_bytes <= self.in_all
+            self.held.get(holder, 0) + size <= self.per_client and self.total + size <= self.in_all
         )
 
-    async def reserve(self, client: str) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.fits(client))
-            self.held[client] = self.held.get(client, 0) + self.message_bytes
-            self.total += self.message_bytes
+    def take(self, holder: tuple[str, bool], size: int) -> None:
+        self.held[holder] = self.held.get(holder, 0) + size
+        self.total += size
 
-    async def release(self, client: str) -> None:
+    async def reserve(self, client: str) -> None:
+        """Room for one ModelInfer message, once there is some."""
         async with self.changed:
-            left = self.held.pop(client) - self.message_bytes
+            await self.changed.wait_for(lambda: self.fits((client, False), self.message_bytes))
+            self.take((client, False), self.message_bytes)
+
+    def open_stream(self, client: str) -> bool:
+        """Room for one more stream's message now, or False."""
+        if not self.fits((client, True), self.stream_bytes):
+            return False
+        self.take((client, True), self.stream_bytes)
+        return True
+
+    async def release(self, client: str, stream: bool = False) -> None:
+        size = self.stream_bytes if stream else self.message_bytes
+        async with self.changed:
+            left = self.held.pop((client, stream)) - size
             if left:
-                self.held[client] = left
-            self.total -= self.message_bytes
+                self.held[(client, stream)] = left
+            self.total -= size
             self.changed.notify_all()
 
 
@@ -224,7 +250,7 @@ def client_of(context: grpc.aio.ServicerContext) -> str:
 UNREAD_ANSWERS = 8
 
 
-class GrpcCheck(grpc.GenericRpcHandler):
+class GrpcCheck:
     """``ModelInfer`` and ``ModelStreamInfer``, checked, then Triton's; messages stay bytes."""
 
     def __init__(self, settings: CheckSettings) -> None:
@@ -239,17 +265,21 @@ class GrpcCheck(grpc.GenericRpcHandler):
         )
         self.infer_call = self.channel.unary_unary(INFER)
         self.stream_call = self.channel.stream_stream(STREAM_INFER)
-        self.budget = ReadBudget(size, settings.grpc_bytes_in_progress)
+        self.budget = ReadBudget(size, settings.grpc_bytes_in_progress, settings.stream_bytes)
 
-    def service(
-        self, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method  # type: ignore[attr-defined]
-        if method == INFER:  # the message read by the handler, when the budget has room for it
-            return grpc.stream_unary_rpc_method_handler(self.infer)
-        if method == STREAM_INFER:
-            return grpc.stream_stream_rpc_method_handler(self.stream_infer)
-        return None  # UNIMPLEMENTED: the door routes nothing else here
+    def infer_handler(self) -> grpc.GenericRpcHandler:
+        """``ModelInfer`` alone (any other method: UNIMPLEMENTED); its message is read by the
+        handler, when the budget has room for it."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE.strip("/"), {"ModelInfer": grpc.stream_unary_rpc_method_handler(self.infer)}
+        )
+
+    def stream_handler(self) -> grpc.GenericRpcHandler:
+        """``ModelStreamInfer`` alone, on a server of its own whose messages are smaller."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE.strip("/"),
+            {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.stream_infer)},
+        )
 
     async def receive(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -305,6 +335,23 @@ class GrpcCheck(grpc.GenericRpcHandler):
     ) -> AsyncIterator[bytes]:
         """Client messages are checked and written to Triton's stream in order; refusals join
         Triton's answers on the way back."""
+        client = client_of(context)
+        if not self.budget.open_stream(client):
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many streams open: at most {self.budget.streams_per_client} a client, "
+                f"each holding {self.budget.stream_bytes} bytes (its largest message) of "
+                f"{self.budget.in_all} in all; end one, or send ModelInfer calls",
+            )
+        try:
+            async for answer in self.relay_stream(messages, context):
+                yield answer
+        finally:
+            await self.budget.release(client, stream=True)
+
+    async def relay_stream(
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         upstream = self.stream_call(
             metadata=passed_metadata(context), timeout=context.time_remaining()
         )

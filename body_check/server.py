@@ -10,7 +10,7 @@ import multiprocessing.connection
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc.aio
 from aiohttp import web
@@ -37,25 +37,46 @@ async def beat(stamp: Any) -> None:
         await asyncio.sleep(BEAT_S)
 
 
-async def serve(
-    settings: CheckSettings, http_listen: str, grpc_listen: str, stamp: Any = None
-) -> None:
-    runner = web.AppRunner(HttpCheck(settings).app(), handle_signals=False, access_log=None)
-    await runner.setup()
-    host, port = split_address(http_listen)
-    await web.TCPSite(runner, host, port, reuse_port=True).start()
-    size = settings.max_body_bytes
+class Listen(NamedTuple):
+    """host:port for each server: HTTP, gRPC ModelInfer, gRPC ModelStreamInfer."""
+
+    http: str
+    grpc: str
+    stream: str
+
+
+def grpc_server(
+    handler: grpc.GenericRpcHandler, largest_message: int, listen: str
+) -> grpc.aio.Server:
+    """One gRPC server: gRPC refuses a message over ``largest_message`` from its length
+    prefix, before buffering it. No BDP probe: a stream's window stays gRPC's 64 KB while its
+    handler does not read, so a stream the check has stopped reading holds no more than that."""
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", size),
+            ("grpc.max_receive_message_length", largest_message),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1),
+            ("grpc.http2.bdp_probe", 0),
         ]
     )
-    server.add_generic_rpc_handlers((GrpcCheck(settings),))
-    server.add_insecure_port(grpc_listen)
-    await server.start()
-    logging.getLogger("body_check").info("checking on HTTP %s, gRPC %s", http_listen, grpc_listen)
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(listen)
+    return server
+
+
+async def serve(settings: CheckSettings, listen: Listen, stamp: Any = None) -> None:
+    runner = web.AppRunner(HttpCheck(settings).app(), handle_signals=False, access_log=None)
+    await runner.setup()
+    host, port = split_address(listen.http)
+    await web.TCPSite(runner, host, port, reuse_port=True).start()
+    check = GrpcCheck(settings)
+    servers = [
+        grpc_server(check.infer_handler(), settings.max_body_bytes, listen.grpc),
+        grpc_server(check.stream_handler(), settings.stream_bytes, listen.stream),
+    ]
+    for server in servers:
+        await server.start()
+    logging.getLogger("body_check").info("checking on HTTP %s, gRPC %s, gRPC streams %s", *listen)
     beating = asyncio.ensure_future(beat(stamp)) if stamp is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -64,23 +85,20 @@ async def serve(
     await stop.wait()
     if beating is not None:
         beating.cancel()
-    await server.stop(grace=5)
+    await asyncio.gather(*(server.stop(grace=5) for server in servers))
     with contextlib.suppress(Exception):
         await runner.cleanup()
 
 
-def serve_one(
-    settings: CheckSettings, http_listen: str, grpc_listen: str, stamp: Any = None
-) -> None:
+def serve_one(settings: CheckSettings, listen: Listen, stamp: Any = None) -> None:
     set_parent_death_signal()  # a worker never outlives the command that started it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(settings, http_listen, grpc_listen, stamp))
+    asyncio.run(serve(settings, listen, stamp))
 
 
 def serve_many(
     settings: CheckSettings,
-    http_listen: str,
-    grpc_listen: str,
+    listen: Listen,
     workers: int,
     target: Callable[..., None] = serve_one,
     wedged_after_s: float = WEDGED_AFTER_S,
@@ -91,9 +109,7 @@ def serve_many(
     context = multiprocessing.get_context("spawn")
     stamps = [context.Value("d", time.monotonic() + START_GRACE_S) for _ in range(workers)]
     processes = [
-        context.Process(
-            target=target, args=(settings, http_listen, grpc_listen, stamp), daemon=True
-        )
+        context.Process(target=target, args=(settings, listen, stamp), daemon=True)
         for stamp in stamps
     ]
     stopping = False

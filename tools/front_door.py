@@ -161,9 +161,11 @@ class FrontDoorSettings:
     triton_grpc_address: str
     triton_metrics_address: str
     openai_address: str  # host:port of the OpenAI-compatible adapter (openai_api), served at /v1
-    # host:port of the body check's HTTP and gRPC servers (body_check), where inference goes
+    # host:port of the body check's servers (body_check), where inference goes: HTTP, gRPC
+    # ModelInfer, gRPC ModelStreamInfer
     check_http_address: str
     check_grpc_address: str
+    check_stream_address: str
     # host:port of the launcher's own metrics (tools.serve: serve_restarts_total), appended to
     # Triton's at /metrics
     serve_metrics_address: str = "127.0.0.1:18008"
@@ -232,6 +234,7 @@ class FrontDoorSettings:
             "OPENAI_ADDRESS": self.openai_address,
             "CHECK_HTTP_ADDRESS": self.check_http_address,
             "CHECK_GRPC_ADDRESS": self.check_grpc_address,
+            "CHECK_STREAM_ADDRESS": self.check_stream_address,
             "SERVE_METRICS_ADDRESS": self.serve_metrics_address,
             "PUBLIC_HTTP_LISTEN": f"{self.public_address}:{self.http_port}",
             "PUBLIC_GRPC_LISTEN": f"{self.public_address}:{self.grpc_port}",

@@ -87,13 +87,16 @@ def body_check(
     triton_grpc: str,
     http_port: int,
     grpc_port: int,
+    stream_port: int,
     max_body_size: str,
     log_path: Path,
     workers: int = 1,
     grpc_bytes_in_progress: str = "1024m",
     body_deadline_s: float = 30.0,
+    stream_message_size: str = "256k",
 ) -> HelperProcess:
-    """The body check on loopback ports, in front of Triton's HTTP and gRPC ports."""
+    """The body check on loopback ports (HTTP, gRPC, gRPC streams), in front of Triton's HTTP
+    and gRPC ports."""
     command = [
         sys.executable,
         "-m",
@@ -102,6 +105,8 @@ def body_check(
         f"--triton-grpc={triton_grpc}",
         f"--http-listen=127.0.0.1:{http_port}",
         f"--grpc-listen=127.0.0.1:{grpc_port}",
+        f"--stream-listen=127.0.0.1:{stream_port}",
+        f"--stream-message-size={stream_message_size}",
         f"--max-body-size={max_body_size}",
         f"--workers={workers}",
         f"--grpc-bytes-in-progress={grpc_bytes_in_progress}",

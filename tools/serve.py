@@ -25,8 +25,8 @@
   nothing of any part is left running.
 - The OpenAI-compatible adapter (openai_api) listens on 127.0.0.1:OPENAI_PORT (18003); the
   front door serves it at /v1 on the public HTTP port. The body check (body_check) listens on
-  127.0.0.1:CHECK_HTTP_PORT and CHECK_GRPC_PORT (18004, 18005): the front door sends it every
-  KServe inference call, which it checks and passes to Triton.
+  127.0.0.1:CHECK_HTTP_PORT, CHECK_GRPC_PORT and CHECK_STREAM_PORT (18004, 18005, 18009): the
+  front door sends it every KServe inference call, which it checks and passes to Triton.
 - `--no-front-door` runs Triton and the watchdog only, on `--triton-address`: the compose
   deployment, whose front door and adapter are containers of their own.
 """
@@ -316,7 +316,7 @@ class ServeSettings:
     )
     front_door: FrontDoorSettings | None = None
     # the helpers' ports on loopback (tools.helpers; only behind the front door): the adapter's,
-    # and the body check's HTTP and gRPC ports
+    # and the body check's HTTP, gRPC and gRPC-stream ports
     openai_port: int = field(default=18003, metadata=from_env("OPENAI_PORT", int_at_least(1)))
     check_http_port: int = field(
         default=18004, metadata=from_env("CHECK_HTTP_PORT", int_at_least(1))
@@ -324,12 +324,19 @@ class ServeSettings:
     check_grpc_port: int = field(
         default=18005, metadata=from_env("CHECK_GRPC_PORT", int_at_least(1))
     )
+    check_stream_port: int = field(
+        default=18009, metadata=from_env("CHECK_STREAM_PORT", int_at_least(1))
+    )
     # body-check processes sharing its ports: its CPU per request is Python's (docs/SECURITY.md)
     check_workers: int = field(default=1, metadata=from_env("CHECK_WORKERS", int_at_least(1)))
-    # in each of them: the gRPC messages being received, counted at MAX_BODY_SIZE each, and the
-    # seconds a call's message has to arrive whole (docs/SECURITY.md#the-body-check)
+    # in each of them: the gRPC messages being received, counted at MAX_BODY_SIZE each, the
+    # seconds a call's message has to arrive whole, and the largest stream message, which each
+    # open stream holds (docs/SECURITY.md#the-body-check)
     check_grpc_bytes_in_progress: str = field(
         default="1024m", metadata=from_env("CHECK_GRPC_BYTES_IN_PROGRESS", parse_size)
+    )
+    check_stream_message_size: str = field(
+        default="256k", metadata=from_env("CHECK_STREAM_MESSAGE_SIZE", parse_size)
     )
     check_body_deadline_s: float = field(
         default=30.0, metadata=from_env("CHECK_BODY_DEADLINE_S", number_at_least(0.1))
@@ -664,11 +671,13 @@ class Launcher:
                 triton_grpc,
                 s.check_http_port,
                 s.check_grpc_port,
+                s.check_stream_port,
                 s.front_door.max_body_size,
                 s.state_dir / "body_check.log",
                 workers=s.check_workers,
                 grpc_bytes_in_progress=s.check_grpc_bytes_in_progress,
                 body_deadline_s=s.check_body_deadline_s,
+                stream_message_size=s.check_stream_message_size,
             ),
         ]
 
@@ -727,6 +736,7 @@ def settings_from_args(argv: list[str] | None = None) -> ServeSettings:
             openai_address=f"127.0.0.1:{settings.openai_port}",
             check_http_address=f"127.0.0.1:{settings.check_http_port}",
             check_grpc_address=f"127.0.0.1:{settings.check_grpc_port}",
+            check_stream_address=f"127.0.0.1:{settings.check_stream_port}",
             serve_metrics_address=f"{address}:{settings.serve_metrics_port}",
             **FrontDoorSettings.env_overrides(),  # type: ignore[arg-type]
         )

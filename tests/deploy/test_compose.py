@@ -106,7 +106,7 @@ def test_the_front_door_renders_the_template_make_serve_renders(compose):
     named = template_names()
     # the keys map's script reads the keys; the templates read the rest
     assert named == set(environment) - {"API_KEY", "API_KEYS"}
-    example = FrontDoorSettings(*(f"t:{n}" for n in range(6))).template_values()
+    example = FrontDoorSettings(*(f"t:{n}" for n in range(7))).template_values()
     assert named == set(example)
 
 
@@ -127,9 +127,11 @@ def test_the_body_check_is_internal_and_in_front_of_triton(compose):
     assert set(check["networks"]) == {"internal"} and not check.get("ports")
     door = compose["services"]["front-door"]["environment"]
     args = dict(a.removeprefix("--").split("=", 1) for a in check["command"] if a.startswith("--"))
-    for kind in ("http", "grpc"):
+    for kind in ("http", "grpc", "stream"):
         port = args[f"{kind}-listen"].rsplit(":", 1)[1]
         assert door[f"CHECK_{kind.upper()}_ADDRESS"] == f"body-check:{port}"
+        assert port in check["expose"]
+    for kind in ("http", "grpc"):
         assert args[f"triton-{kind}"] == door[f"TRITON_{kind.upper()}_ADDRESS"]
     # the largest body it takes is the door's
     assert args["max-body-size"] == door["MAX_BODY_SIZE"]
@@ -213,12 +215,13 @@ def test_the_defaults_compose_restates_are_the_declared_ones():
     # the published ports default to the door's own
     for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
         assert restated[name] == declared[name]
-    # the body check's budget and deadline, as the launcher's defaults (its workers: 4 here)
+    # the body check's budget, deadline and stream message, as the launcher's defaults (its workers: 4 here)
     from tools.serve import ServeSettings
 
     launcher = env_defaults(ServeSettings)
     assert restated["CHECK_GRPC_BYTES_IN_PROGRESS"] == launcher["CHECK_GRPC_BYTES_IN_PROGRESS"]
     assert float(restated["CHECK_BODY_DEADLINE_S"]) == float(launcher["CHECK_BODY_DEADLINE_S"])
+    assert restated["CHECK_STREAM_MESSAGE_SIZE"] == launcher["CHECK_STREAM_MESSAGE_SIZE"]
 
 
 SCRIPT = ROOT / "docker" / "nginx" / "10-api-keys.sh"

@@ -121,12 +121,13 @@ def test_service_ports_reach_the_front_door_and_never_triton():
     assert door_env["OPENAI_ADDRESS"].startswith("127.0.0.1:")
     # the body check: on loopback, in front of Triton's ports, the door's body limit
     check = containers(pod_spec())["body-check"]["args"]
-    for kind in ("http", "grpc"):
+    for kind in ("http", "grpc", "stream"):
         assert f"--{kind}-listen={door_env[f'CHECK_{kind.upper()}_ADDRESS']}" in check
-        assert f"--triton-{kind}={door_env[f'TRITON_{kind.upper()}_ADDRESS']}" in check
         assert door_env[f"CHECK_{kind.upper()}_ADDRESS"].startswith("127.0.0.1:")
+    for kind in ("http", "grpc"):
+        assert f"--triton-{kind}={door_env[f'TRITON_{kind.upper()}_ADDRESS']}" in check
     assert f"--max-body-size={door_env['MAX_BODY_SIZE']}" in check
-    # its read budget and deadline: the launcher's defaults
+    # its read budget, deadline and stream message: the launcher's defaults
     from tools.front_door import env_defaults
     from tools.serve import ServeSettings
 
@@ -134,6 +135,7 @@ def test_service_ports_reach_the_front_door_and_never_triton():
     assert f"--grpc-bytes-in-progress={launcher['CHECK_GRPC_BYTES_IN_PROGRESS']}" in check
     (deadline,) = [a for a in check if a.startswith("--body-deadline-s=")]
     assert float(deadline.split("=")[1]) == float(launcher["CHECK_BODY_DEADLINE_S"])
+    assert f"--stream-message-size={launcher['CHECK_STREAM_MESSAGE_SIZE']}" in check
 
 
 def test_the_front_door_renders_the_template_every_deployment_renders():

@@ -53,6 +53,7 @@ class Stack:
             "OPENAI",
             "CHECK_HTTP",
             "CHECK_GRPC",
+            "CHECK_STREAM",
             "SERVE_METRICS",
         )
         self.ports = {name: free_port() for name in names}

@@ -43,12 +43,13 @@ def echo(tmp_path_factory) -> Iterator[EchoDeployment]:
     log = root / "triton.log"
     _LOGS.append(log)
     server = TritonServer(repository, free_port(), free_port(), free_port(), log_path=log)
-    check_http, check_grpc = free_port(), free_port()
+    check_http = free_port()
     check = body_check(
         f"127.0.0.1:{server.http_port}",
         f"127.0.0.1:{server.grpc_port}",
         check_http,
-        check_grpc,
+        free_port(),
+        free_port(),
         "1m",
         root / "body_check.log",
     )

@@ -51,6 +51,7 @@ def door(tmp_path_factory):
         openai_address=here,
         check_http_address=here,
         check_grpc_address=here,
+        check_stream_address=here,
         public_address="127.0.0.1",
         http_port=free_port(),
         grpc_port=free_port(),

@@ -215,3 +215,69 @@ def test_a_stream_of_more_messages_than_wait_unread_is_answered_whole(stack, not
     for k in range(count):
         answer = by_id[f"m{k}"]
         assert bool(answer.error_message) == (k % 7 == 3), answer.error_message
+
+
+def long_request(request_id: str, size: int) -> service_pb2.ModelInferRequest:
+    request = valid_request(request_id)
+    request.inputs[0].contents.bytes_contents[0] = b"long text " * (size // 10)
+    return request
+
+
+def test_a_stream_carries_more_than_the_body_limit_in_messages_each_under_its_own(
+    stack, nothing_restarted
+):
+    """MAX_BODY_SIZE bounds each message of a stream, not the stream's life; a message over
+    CHECK_STREAM_MESSAGE_SIZE ends its stream RESOURCE_EXHAUSTED, refused by gRPC from its
+    length prefix, before it is buffered."""
+    from tools.serve import ServeSettings
+
+    stream_limit = ServeSettings.check_stream_message_size  # the launcher's default: 256k
+    assert stream_limit == "256k"
+    messages = [long_request(f"m{k}", 200_000) for k in range(8)]
+    assert sum(m.ByteSize() for m in messages) > BODY_LIMIT
+    channel, stub = grpc_stub(stack)
+    with channel:
+        answers = list(stub.ModelStreamInfer(iter(messages), metadata=AUTH_METADATA, timeout=60))
+        assert sorted(a.infer_response.id for a in answers) == sorted(f"m{k}" for k in range(8))
+        assert not any(a.error_message for a in answers)
+        with pytest.raises(grpc.RpcError) as info:
+            list(
+                stub.ModelStreamInfer(
+                    iter([long_request("over", 300_000)]), metadata=AUTH_METADATA, timeout=60
+                )
+            )
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in info.value.details()
+
+
+def test_a_client_opens_as_many_streams_as_its_share_holds_and_one_more_is_refused(
+    stack, nothing_restarted
+):
+    """Each open stream holds the largest stream message: a client gets two bodies' worth
+    (2 x 1 MiB / 256 KiB: 8 streams); the ninth is refused at once, naming the bound, and the
+    eight go on serving."""
+    import threading
+
+    release = threading.Event()
+
+    def held_open(request_id: str):
+        yield valid_request(request_id)
+        release.wait(60)
+
+    channel, stub = grpc_stub(stack)
+    with channel:
+        streams = [
+            stub.ModelStreamInfer(held_open(f"s{k}"), metadata=AUTH_METADATA, timeout=60)
+            for k in range(8)
+        ]
+        try:
+            firsts = [next(stream) for stream in streams]  # all eight open and answered
+            with pytest.raises(grpc.RpcError) as info:
+                next(stub.ModelStreamInfer(held_open("s8"), metadata=AUTH_METADATA, timeout=60))
+        finally:
+            release.set()
+        rest = [list(stream) for stream in streams]
+    assert [a.infer_response.id for a in firsts] == [f"s{k}" for k in range(8)]
+    assert not any(a.error_message for a in firsts) and rest == [[]] * 8
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "at most 8 a client" in info.value.details()

@@ -397,6 +397,9 @@ class FakeContext:
     def invocation_metadata(self) -> tuple:
         return ()
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5"
+
 
 def test_a_stream_whose_client_stops_reading_stops_being_read():
     """ModelStreamInfer: messages are read and sent to Triton only while fewer than
@@ -433,7 +436,7 @@ def test_a_stream_whose_client_stops_reading_stops_being_read():
     assert written == sum(1 for m in messages if m == good)
 
 
-def stalled_worker(settings, http_listen, grpc_listen, stamp) -> None:
+def stalled_worker(settings, listen, stamp) -> None:
     """A body-check worker whose event loop beats once, then answers nothing (a wedged loop)."""
     import time
 
@@ -449,15 +452,14 @@ def test_several_workers_end_the_command_when_one_stops_beating():
     import time
 
     from body_check.proxy import CheckSettings
-    from body_check.server import serve_many
+    from body_check.server import Listen, serve_many
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     try:
         code = serve_many(
             CheckSettings("127.0.0.1:1", "127.0.0.1:1", 1 << 20),
-            "127.0.0.1:0",
-            "127.0.0.1:0",
+            Listen("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"),
             workers=2,
             target=stalled_worker,
             wedged_after_s=1.0,
@@ -482,9 +484,6 @@ class ClientContext(FakeContext):
 
     def invocation_metadata(self) -> tuple:
         return (("x-planner-client", self.client),)
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5"
 
     async def abort(self, code, details: str):
         raise Aborted(code, details)
@@ -555,3 +554,70 @@ def test_slow_grpc_messages_hold_only_their_clients_share_and_end_at_the_body_de
     assert other[0] == answer and other[1] > 0.3
     assert waiting[0] == answer
     assert [end for end, _ in parked_ends] == [expired, expired]
+
+
+def test_each_open_stream_holds_its_largest_message_and_a_client_has_a_share_of_streams():
+    """A stream always waits for its next message, so each open stream holds the largest a
+    stream message may be, for its life: a client may open as many as fit in its share (two
+    ModelInfer messages' worth, apart from its calls' share), within the bound in all; one past
+    that is refused at once, naming the bound, and the share comes back when a stream ends."""
+    import grpc
+
+    from body_check.proxy import CheckSettings, GrpcCheck
+
+    async def idle():
+        await asyncio.Event().wait()  # an open stream that sends nothing
+        yield b""
+
+    async def first_answer(check: GrpcCheck, client: str) -> str:
+        stream = check.stream_infer(idle(), ClientContext(client))
+        try:
+            await asyncio.wait_for(anext(stream), 0.1)
+        except Aborted as aborted:
+            return f"{aborted.code.name}: {aborted.details}"
+        except TimeoutError:
+            return "open"
+        return "answered"
+
+    class Upstream(FakeStreamCall):
+        """Triton's stream, open until the check cancels it."""
+
+        cancelled = False
+
+        def done(self) -> bool:
+            return self.cancelled
+
+        def cancel(self) -> None:
+            self.cancelled = True
+            self.answers.put_nowait(None)
+
+    async def scenario(in_all: int) -> tuple[list[str], ...]:
+        settings = CheckSettings(
+            "127.0.0.1:1",
+            "127.0.0.1:1",
+            1 << 20,
+            grpc_bytes_in_progress=in_all,
+            stream_message_bytes=256 << 10,
+        )
+        check = GrpcCheck(settings)
+        check.stream_call = lambda **_: Upstream()
+        opened = [asyncio.ensure_future(first_answer(check, "a")) for _ in range(8)]
+        await asyncio.sleep(0.02)
+        past = await first_answer(check, "a")
+        other = await first_answer(check, "b")
+        # a stream that ends gives its room back (wait_for cancelled the first ones: ended)
+        again = await first_answer(check, "a")
+        held = check.budget.total
+        await check.channel.close()
+        return await asyncio.gather(*opened), [past, other, again], [str(held)]
+
+    opened, (past, other, again), (held,) = asyncio.run(scenario(in_all=1 << 30))
+    assert opened == ["open"] * 8  # 2 MiB a client: eight streams of 256 KiB
+    assert past.startswith(grpc.StatusCode.RESOURCE_EXHAUSTED.name)
+    assert "at most 8 a client" in past and "262144 bytes" in past
+    assert other == "open" and again == "open"
+    assert held == "0", "every stream's room is given back when it ends"
+    # the bound in all: four streams' worth, so the fifth of any client is refused
+    opened, (past, other, again), _ = asyncio.run(scenario(in_all=1 << 20))
+    assert opened[:4] == ["open"] * 4 and set(opened[4:]) == {past} and other == past
+    assert past.startswith(grpc.StatusCode.RESOURCE_EXHAUSTED.name)

@@ -20,7 +20,7 @@ from tools.serve import restricted_api_args
 
 
 def settings(**overrides) -> FrontDoorSettings:
-    return FrontDoorSettings(*(f"127.0.0.1:{port}" for port in range(18000, 18006)), **overrides)
+    return FrontDoorSettings(*(f"127.0.0.1:{port}" for port in range(18000, 18007)), **overrides)
 
 
 def test_rendering_replaces_only_the_names_given_and_keeps_nginx_variables():

@@ -157,20 +157,27 @@ def test_a_triton_that_never_becomes_ready_is_a_failed_start_at_its_deadline(tmp
     assert 0.3 <= time.monotonic() - started < 5 and len(stopped) == 1
 
 
-def test_the_body_checks_read_budget_and_deadline_come_from_the_environment(tmp_path):
+def test_the_body_checks_budget_deadline_and_stream_settings_come_from_the_environment(tmp_path):
     from tools.front_door import FrontDoorSettings, read_env
 
-    env = {"CHECK_GRPC_BYTES_IN_PROGRESS": "256m", "CHECK_BODY_DEADLINE_S": "7.5"}
+    env = {
+        "CHECK_GRPC_BYTES_IN_PROGRESS": "256m",
+        "CHECK_BODY_DEADLINE_S": "7.5",
+        "CHECK_STREAM_MESSAGE_SIZE": "64k",
+        "CHECK_STREAM_PORT": "18123",
+    }
     settings = ServeSettings(
         tmp_path,
         ["m"],
-        front_door=FrontDoorSettings(*(f"127.0.0.1:{port}" for port in range(18000, 18006))),
+        front_door=FrontDoorSettings(*(f"127.0.0.1:{port}" for port in range(18000, 18007))),
         state_dir=tmp_path,
         **read_env(ServeSettings, env),
     )
     (check,) = [h for h in Launcher(settings).new_helpers() if h.part == "body_check"]
     assert "--grpc-bytes-in-progress=256m" in check.command
     assert "--body-deadline-s=7.5" in check.command
+    assert "--stream-message-size=64k" in check.command
+    assert "--stream-listen=127.0.0.1:18123" in check.command
 
 
 class Infer(StandIn):
