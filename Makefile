@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
+	$(PY) docker/pip_check.py $(NO_DEPS)
 	$(PY) tools/prepare_tensorrt_stubs.py
 	bash tools/install_perf_analyzer.sh $(PY) build/perf
 	touch $(STAMP)

