@@ -22,7 +22,7 @@ WORKERS = 2
 
 
 def start_check(server, tmp_path, *options: str):
-    ports = {"http": free_port(), "grpc": free_port()}
+    ports = {"http": free_port(), "grpc": free_port(), "stream": free_port()}
     command = [
         sys.executable,
         "-m",
@@ -31,6 +31,7 @@ def start_check(server, tmp_path, *options: str):
         f"--triton-grpc=127.0.0.1:{server.grpc_port}",
         f"--http-listen=127.0.0.1:{ports['http']}",
         f"--grpc-listen=127.0.0.1:{ports['grpc']}",
+        f"--stream-listen=127.0.0.1:{ports['stream']}",
         *options,
     ]
     log = (tmp_path / "body_check.log").open("wb")
