@@ -1,5 +1,5 @@
-"""The body check's two servers: KServe HTTP ``infer`` and gRPC ``ModelInfer`` /
-``ModelStreamInfer``, each body checked (``rules``) and, when it passes, sent on to Triton: an
+"""The body check's servers: KServe HTTP ``infer``, gRPC ``ModelInfer`` and gRPC
+``ModelStreamInfer`` (a port of its own), each body checked (``rules``) and, when it passes, sent on to Triton: an
 HTTP body's JSON as the check wrote it again from what it judged (binary tensors unchanged), so
 Triton reads exactly what was judged; a gRPC message byte for byte, since Triton reads it with the
 same protobuf rules. Triton's answer comes back as it came.
@@ -13,9 +13,11 @@ there, and the stream goes on).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,57 +187,99 @@ def stream_refusal(message: bytes, refused: Refused) -> bytes:
 
 
 class ReadBudget:
-    """The gRPC message bytes being received, per client and in all. gRPC core buffers a message
-    whole before the handler sees it, and reads one only when the handler asks for it, refusing
-    one longer than its server's bound from the length prefix. So each ModelInfer read first
-    reserves the largest a message may be (a read waits for room; its caller bounds the wait),
-    and each open stream, which always waits for its next message, holds the largest a stream
-    message may be for its whole life (a stream past the room is refused at once). A client
-    holds at most twice the largest ModelInfer message for each of the two."""
+    """The gRPC message bytes a body-check process holds, per client and in all. gRPC core
+    buffers a message whole before the handler sees it, and reads one only when the handler asks
+    for it, refusing one longer than its server's bound from the length prefix. So a ModelInfer
+    call first reserves the largest a message may be (it waits for room; its caller bounds the
+    wait) and holds it until the message was handed on to Triton; an open stream, which always
+    waits for its next message, holds the largest a stream message may be for its whole life (a
+    stream past the room is refused at once). A client holds at most twice the largest ModelInfer
+    message for each of the two; streams hold at most half of the bound in all, so calls always
+    have the other half. Besides, a client's stream messages read and the answers to them not yet
+    sent back are held to that share again (``hold``): its streams pass a message on to Triton
+    while those hold under half the share, and read Triton's next answer while under all of it,
+    so messages never take the room their answers need, and each stream's last answer read is
+    the most it goes over."""
 
     def __init__(self, message_bytes: int, in_all: int, stream_bytes: int) -> None:
         self.message_bytes = message_bytes
         self.stream_bytes = stream_bytes
         self.per_client = 2 * message_bytes
-        self.in_all = max(in_all, message_bytes)
+        self.in_all = max(in_all, 2 * message_bytes)
+        self.streams_in_all = self.in_all // 2
         self.held: dict[tuple[str, bool], int] = {}  # (client, for a stream): bytes
         self.total = 0
-        self.changed = asyncio.Condition()
+        self.streams_total = 0
+        # streams' messages read and answers not yet sent back, per client (``hold``)
+        self.flowing: dict[str, int] = {}
+        self.changed = asyncio.Event()  # set and replaced whenever room is given back
 
     @property
     def streams_per_client(self) -> int:
         return self.per_client // self.stream_bytes
 
-    def fits(self, holder: tuple[str, bool], size: int) -> bool:
+    def fits(self, client: str, stream: bool) -> bool:
+        size = self.stream_bytes if stream else self.message_bytes
         return (
-            self.held.get(holder, 0) + size <= self.per_client and self.total + size <= self.in_all
+            self.held.get((client, stream), 0) + size <= self.per_client
+            and self.total + size <= self.in_all
+            and (not stream or self.streams_total + size <= self.streams_in_all)
         )
 
-    def take(self, holder: tuple[str, bool], size: int) -> None:
-        self.held[holder] = self.held.get(holder, 0) + size
+    def take(self, client: str, stream: bool) -> None:
+        size = self.stream_bytes if stream else self.message_bytes
+        self.held[(client, stream)] = self.held.get((client, stream), 0) + size
         self.total += size
+        self.streams_total += size if stream else 0
 
     async def reserve(self, client: str) -> None:
         """Room for one ModelInfer message, once there is some."""
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.fits((client, False), self.message_bytes))
-            self.take((client, False), self.message_bytes)
+        while not self.fits(client, stream=False):
+            await self.changed.wait()
+        self.take(client, stream=False)
 
-    def open_stream(self, client: str) -> bool:
-        """Room for one more stream's message now, or False."""
-        if not self.fits((client, True), self.stream_bytes):
-            return False
-        self.take((client, True), self.stream_bytes)
-        return True
+    def open_stream(self, client: str) -> str | None:
+        """Room for one more stream's message now; else why not."""
+        if self.fits(client, stream=True):
+            self.take(client, stream=True)
+            return None
+        if self.held.get((client, True), 0) + self.stream_bytes > self.per_client:
+            return (
+                f"this client has {self.streams_per_client} streams open, the most it may in "
+                f"one body-check process (each holds {self.stream_bytes} bytes, its largest "
+                "message); end one, or send ModelInfer calls"
+            )
+        return (
+            f"the body check holds its most for streams ({self.streams_total} of "
+            f"{self.streams_in_all} bytes); retry later"
+        )
 
-    async def release(self, client: str, stream: bool = False) -> None:
+    async def hold(self, client: str, size: int, within: int) -> None:
+        """Waits until ``size`` more bytes of a client's stream messages and answers in flight
+        fit ``within`` (or it holds none), then holds them."""
+        while (held := self.flowing.get(client, 0)) and held + size > within:
+            await self.changed.wait()
+        self.flowing[client] = held + size
+
+    def let_go(self, client: str, size: int) -> None:
+        left = self.flowing.pop(client) - size
+        if left:
+            self.flowing[client] = left
+        self.wake()
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def release(self, client: str, stream: bool = False) -> None:
+        """Gives room back (synchronous: it runs whole, even in a cancelled task's cleanup)."""
         size = self.stream_bytes if stream else self.message_bytes
-        async with self.changed:
-            left = self.held.pop((client, stream)) - size
-            if left:
-                self.held[(client, stream)] = left
-            self.total -= size
-            self.changed.notify_all()
+        left = self.held.pop((client, stream)) - size
+        if left:
+            self.held[(client, stream)] = left
+        self.total -= size
+        self.streams_total -= size if stream else 0
+        self.wake()
 
 
 def client_of(context: grpc.aio.ServicerContext) -> str:
@@ -261,9 +305,10 @@ class GrpcCheck:
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", -1),
+                ("grpc.http2.bdp_probe", 0),
             ],
         )
-        self.infer_call = self.channel.unary_unary(INFER)
+        self.infer_call = self.channel.stream_unary(INFER)
         self.stream_call = self.channel.stream_stream(STREAM_INFER)
         self.budget = ReadBudget(size, settings.grpc_bytes_in_progress, settings.stream_bytes)
 
@@ -282,50 +327,63 @@ class GrpcCheck:
         )
 
     async def receive(
-        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext, client: str
     ) -> bytes:
         """A unary call's one message, read once the budget has room for it, within the body
-        deadline from the call's start."""
-        client = client_of(context)
+        deadline from the call's start; the room stays reserved (the caller releases it) unless
+        this raises."""
         deadline_s = self.settings.body_deadline_s
         reserved = False
         try:
-            async with asyncio.timeout(deadline_s):
-                await self.budget.reserve(client)
-                reserved = True
-                message = await anext(aiter(messages), None)
-        except TimeoutError:
-            if not reserved:
+            try:
+                async with asyncio.timeout(deadline_s):
+                    await self.budget.reserve(client)
+                    reserved = True
+                    message = await anext(aiter(messages), None)
+            except TimeoutError:
+                if not reserved:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many request messages in progress (at most "
+                        f"{self.budget.per_client} bytes a client, {self.budget.in_all} in all, "
+                        "in one body-check process); retry later",
+                    )
                 await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"too many request messages in progress (at most "
-                    f"{self.budget.per_client} bytes a client, {self.budget.in_all} in all); "
-                    "retry later",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the request message did not arrive whole within {deadline_s:g} s",
                 )
-            await context.abort(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"the request message did not arrive whole within {deadline_s:g} s",
-            )
-        finally:
+            if message is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message was sent")
+                raise AssertionError("abort raises")
+            return message
+        except BaseException:
             if reserved:
-                await self.budget.release(client)
-        if message is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message was sent")
-            raise AssertionError("abort raises")
-        return message
+                self.budget.release(client)
+            raise
 
     async def infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
-        message = await self.receive(messages, context)
+        """The message is held (and its room reserved) only until Triton has taken it."""
+        client = client_of(context)
+        message = await self.receive(messages, context, client)
         try:
-            read_infer_request(message, self.settings.limits)
-        except Refused as refused:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
-        try:
-            answer: bytes = await self.infer_call(
-                message, metadata=passed_metadata(context), timeout=context.time_remaining()
+            try:
+                read_infer_request(message, self.settings.limits)
+            except Refused as refused:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
+            call = self.infer_call(
+                metadata=passed_metadata(context), timeout=context.time_remaining()
             )
+            await call.write(message)
+            await call.done_writing()
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), err.details() or "")
+        finally:
+            del message
+            self.budget.release(client)
+        try:
+            answer: bytes = await call
         except grpc.aio.AioRpcError as err:
             await context.abort(err.code(), err.details() or "")
         return answer
@@ -336,22 +394,20 @@ class GrpcCheck:
         """Client messages are checked and written to Triton's stream in order; refusals join
         Triton's answers on the way back."""
         client = client_of(context)
-        if not self.budget.open_stream(client):
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"too many streams open: at most {self.budget.streams_per_client} a client, "
-                f"each holding {self.budget.stream_bytes} bytes (its largest message) of "
-                f"{self.budget.in_all} in all; end one, or send ModelInfer calls",
-            )
+        refused = self.budget.open_stream(client)
+        if refused is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            async for answer in self.relay_stream(messages, context):
-                yield answer
+            relayed = self.relay_stream(messages, context, client)
+            async with contextlib.aclosing(relayed) as answers:
+                async for answer in answers:
+                    yield answer
         finally:
-            await self.budget.release(client, stream=True)
+            self.budget.release(client, stream=True)
 
     async def relay_stream(
-        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext, client: str
+    ) -> AsyncGenerator[bytes, None]:
         upstream = self.stream_call(
             metadata=passed_metadata(context), timeout=context.time_remaining()
         )
@@ -359,6 +415,22 @@ class GrpcCheck:
         # one slot per message read and not yet answered to the client: a client that stops
         # reading its answers stops the reading of its requests, so none is computed and held
         unanswered = asyncio.Semaphore(UNREAD_ANSWERS)
+        # bytes in flight, charged to the client's share (``ReadBudget.hold``): a message from
+        # when it is read (until then the stream's own room holds it) until Triton answers it;
+        # an answer until it is sent back
+        share = self.budget.per_client
+        flowing = 0
+        sent: collections.deque[int] = collections.deque()  # sizes of messages Triton has
+
+        async def hold(size: int, within: int) -> None:
+            nonlocal flowing
+            await self.budget.hold(client, size, within)
+            flowing += size
+
+        def let_go(size: int) -> None:
+            nonlocal flowing
+            self.budget.let_go(client, size)
+            flowing -= size
 
         async def forward() -> None:
             incoming = aiter(messages)
@@ -367,17 +439,29 @@ class GrpcCheck:
                 message = await anext(incoming, None)
                 if message is None:
                     break
+                await hold(len(message), share // 2)
                 try:
                     read_infer_request(message, self.settings.limits)
                 except Refused as refused:
-                    await answers.put(stream_refusal(message, refused))
+                    let_go(len(message))
+                    refusal = stream_refusal(message, refused)
+                    await hold(len(refusal), share)
+                    await answers.put(refusal)
                     continue
+                sent.append(len(message))
                 await upstream.write(message)
             await upstream.done_writing()
 
         async def relay() -> None:
             try:
-                async for answer in upstream:
+                while True:
+                    await hold(0, share - 1)  # room for the next answer, whatever its size
+                    answer = await anext(aiter(upstream), None)
+                    if answer is None:
+                        break
+                    if sent:
+                        let_go(sent.popleft())
+                    await hold(len(answer), sys.maxsize)  # read already: held at once
                     await answers.put(answer)
             finally:
                 await answers.put(None)
@@ -386,14 +470,18 @@ class GrpcCheck:
         reader = asyncio.ensure_future(relay())
         try:
             while (answer := await answers.get()) is not None:
-                yield answer  # returns once the client's window took it
+                yield answer  # returns once gRPC took it for the client
+                let_go(len(answer))
                 unanswered.release()
         finally:  # the client went away, or Triton's stream ended: nothing is left running
             writer.cancel()
+            reader.cancel()
             if not upstream.done():
                 upstream.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader
+            if flowing:
+                self.budget.let_go(client, flowing)
         code = await upstream.code()
         if code != grpc.StatusCode.OK:
             await context.abort(code, await upstream.details() or "")

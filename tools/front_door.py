@@ -59,6 +59,10 @@ parse_api_key = matching(
     f"{API_KEY_RULE} (for example: openssl rand -hex 32), or empty for no key",
 )
 parse_size = matching(SIZE_PATTERN.pattern, "like 8m, 512k or 1048576")
+# a size that must hold something: not 0
+parse_positive_size = matching(
+    f"(?!0+[kKmM]?$){SIZE_PATTERN.pattern}", "above 0, like 8m, 512k or 1048576"
+)
 
 
 def check_api_key(key: str, name: str = "API_KEY") -> str:
@@ -224,6 +228,12 @@ class FrontDoorSettings:
             raise FrontDoorError("API_KEY is also in API_KEYS: give each key once")
         return named
 
+    @property
+    def stream_body_size(self) -> str:
+        """A gRPC stream's bound at the door: none where the body check bounds each of its
+        messages, else MAX_BODY_SIZE for the whole stream (streams straight to Triton)."""
+        return self.max_body_size if self.check_stream_address == self.triton_grpc_address else "0"
+
     def template_values(self, keys_path: str = "keys.map") -> dict[str, str]:
         """The template's values; ``keys_path``: where the keys map (``keys_map``) is written."""
         metrics_host = self.public_address if self.metrics_public else "127.0.0.1"
@@ -241,6 +251,7 @@ class FrontDoorSettings:
             "METRICS_LISTEN": f"{metrics_host}:{self.metrics_port}",
             "FRONT_DOOR_KEYS": keys_path,
             "MAX_BODY_SIZE": self.max_body_size,
+            "STREAM_BODY_SIZE": self.stream_body_size,
             "MAX_HEADER_SIZE": self.max_header_size,
             "CLIENT_TIMEOUT_S": str(self.client_timeout_s),
             "UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),

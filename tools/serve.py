@@ -59,6 +59,7 @@ from tools.front_door import (
     FrontDoorSettings,
     from_env,
     parse_api_key,
+    parse_positive_size,
     parse_size,
     random_key,
     read_env,
@@ -336,7 +337,7 @@ class ServeSettings:
         default="1024m", metadata=from_env("CHECK_GRPC_BYTES_IN_PROGRESS", parse_size)
     )
     check_stream_message_size: str = field(
-        default="256k", metadata=from_env("CHECK_STREAM_MESSAGE_SIZE", parse_size)
+        default="256k", metadata=from_env("CHECK_STREAM_MESSAGE_SIZE", parse_positive_size)
     )
     check_body_deadline_s: float = field(
         default=30.0, metadata=from_env("CHECK_BODY_DEADLINE_S", number_at_least(0.1))

@@ -133,8 +133,10 @@ def test_the_body_check_is_internal_and_in_front_of_triton(compose):
         assert port in check["expose"]
     for kind in ("http", "grpc"):
         assert args[f"triton-{kind}"] == door[f"TRITON_{kind.upper()}_ADDRESS"]
-    # the largest body it takes is the door's
+    # the largest body it takes is the door's; streams' messages are bounded by it alone
     assert args["max-body-size"] == door["MAX_BODY_SIZE"]
+    assert door["STREAM_BODY_SIZE"] == "0"
+    assert door["CHECK_STREAM_ADDRESS"] != door["TRITON_GRPC_ADDRESS"]
     depends = compose["services"]["front-door"]["depends_on"]
     assert depends["body-check"]["condition"] == "service_healthy"
     assert check["image"] == compose["services"]["triton"]["image"]

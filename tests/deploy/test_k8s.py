@@ -127,6 +127,8 @@ def test_service_ports_reach_the_front_door_and_never_triton():
     for kind in ("http", "grpc"):
         assert f"--triton-{kind}={door_env[f'TRITON_{kind.upper()}_ADDRESS']}" in check
     assert f"--max-body-size={door_env['MAX_BODY_SIZE']}" in check
+    assert door_env["STREAM_BODY_SIZE"] == "0"
+    assert door_env["CHECK_STREAM_ADDRESS"] != door_env["TRITON_GRPC_ADDRESS"]
     # its read budget, deadline and stream message: the launcher's defaults
     from tools.front_door import env_defaults
     from tools.serve import ServeSettings

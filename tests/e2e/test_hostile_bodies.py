@@ -280,4 +280,4 @@ def test_a_client_opens_as_many_streams_as_its_share_holds_and_one_more_is_refus
     assert [a.infer_response.id for a in firsts] == [f"s{k}" for k in range(8)]
     assert not any(a.error_message for a in firsts) and rest == [[]] * 8
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "at most 8 a client" in info.value.details()
+    assert "this client has 8 streams open" in info.value.details()

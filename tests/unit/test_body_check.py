@@ -436,6 +436,48 @@ def test_a_stream_whose_client_stops_reading_stops_being_read():
     assert written == sum(1 for m in messages if m == good)
 
 
+def test_a_clients_stream_messages_and_answers_in_flight_stay_within_its_share():
+    """Messages read and answers not yet sent back are held to the client's share: a message
+    passes on while they hold under half of it, Triton's next answer is read while under all of
+    it. A client that reads no answer gets a few messages read, not UNREAD_ANSWERS' worth of
+    large ones; once it reads, every message is answered and nothing stays held."""
+    from body_check.proxy import UNREAD_ANSWERS, CheckSettings, GrpcCheck
+
+    big = np.array([[b"x" * 600_000]], dtype=object)
+    message = grpc_request({"TEXT": big}).SerializeToString()
+    read = []
+
+    class Echo(FakeStreamCall):
+        async def write(self, message: bytes) -> None:
+            self.written.append(message)
+            await self.answers.put(message)  # an answer as large as its message
+
+    async def client_messages():
+        for _ in range(3 * UNREAD_ANSWERS):
+            read.append(1)
+            yield message
+
+    async def scenario() -> tuple[int, int, int, int]:
+        settings = CheckSettings(
+            "127.0.0.1:1", "127.0.0.1:1", 1 << 20, stream_message_bytes=1 << 20
+        )
+        check = GrpcCheck(settings)
+        check.stream_call = lambda **_: Echo()
+        answers = check.stream_infer(client_messages(), FakeContext())
+        assert await anext(answers) == message  # the client reads one answer, then stops
+        await asyncio.sleep(0.2)
+        held, flowing = len(read), check.budget.flowing.get("ipv4:127.0.0.1:5", 0)
+        got = 1 + len([a async for a in answers])
+        await check.channel.close()
+        return held, flowing, got, check.budget.total + sum(check.budget.flowing.values())
+
+    held, flowing, got, left = asyncio.run(scenario())
+    share = 2 << 20
+    assert held <= 4, f"{held} messages of 600 kB read while the client read one answer"
+    assert flowing <= share + len(message)
+    assert got == 3 * UNREAD_ANSWERS and left == 0
+
+
 def stalled_worker(settings, listen, stamp) -> None:
     """A body-check worker whose event loop beats once, then answers nothing (a wedged loop)."""
     import time
@@ -510,8 +552,22 @@ def test_slow_grpc_messages_hold_only_their_clients_share_and_end_at_the_body_de
     async def sent():
         yield good
 
-    async def upstream(message, metadata=None, timeout=None):
-        return b"answer to " + message[-8:]
+    class Upstream:
+        """Triton's side of a ModelInfer call: the message written, then its answer."""
+
+        def __init__(self, metadata=None, timeout=None) -> None:
+            self.message = b""
+
+        async def write(self, message: bytes) -> None:
+            self.message = message
+
+        async def done_writing(self) -> None:
+            pass
+
+        def __await__(self):
+            return asyncio.sleep(0, b"answer to " + self.message[-8:]).__await__()
+
+    upstream = Upstream
 
     async def outcome(call) -> tuple[str | bytes, float]:
         started = time.monotonic()
@@ -614,10 +670,12 @@ def test_each_open_stream_holds_its_largest_message_and_a_client_has_a_share_of_
     opened, (past, other, again), (held,) = asyncio.run(scenario(in_all=1 << 30))
     assert opened == ["open"] * 8  # 2 MiB a client: eight streams of 256 KiB
     assert past.startswith(grpc.StatusCode.RESOURCE_EXHAUSTED.name)
-    assert "at most 8 a client" in past and "262144 bytes" in past
+    assert "has 8 streams open" in past and "262144 bytes" in past and "end one" in past
     assert other == "open" and again == "open"
     assert held == "0", "every stream's room is given back when it ends"
-    # the bound in all: four streams' worth, so the fifth of any client is refused
+    # the bound in all (two messages' worth: 2 MiB), half of it for streams: four streams, so
+    # the fifth of any client is refused, saying so
     opened, (past, other, again), _ = asyncio.run(scenario(in_all=1 << 20))
     assert opened[:4] == ["open"] * 4 and set(opened[4:]) == {past} and other == past
     assert past.startswith(grpc.StatusCode.RESOURCE_EXHAUSTED.name)
+    assert "holds its most for streams" in past and "retry later" in past

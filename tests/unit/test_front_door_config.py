@@ -36,6 +36,20 @@ def test_every_name_in_the_templates_is_a_setting():
         assert "${" not in render_template(template.read_text(), settings().template_values())
 
 
+def test_a_stream_is_bounded_whole_only_where_it_goes_straight_to_triton():
+    """The body check bounds each stream message, so the door bounds no stream's total; a door
+    whose streams go to Triton itself bounds each stream by MAX_BODY_SIZE, as any body."""
+    checked = settings(max_body_size="2m").template_values()
+    assert checked["STREAM_BODY_SIZE"] == "0"
+    straight = FrontDoorSettings(
+        *(f"127.0.0.1:{port}" for port in range(18000, 18006)),
+        check_stream_address="127.0.0.1:18001",  # Triton's gRPC port
+        max_body_size="2m",
+    )
+    assert straight.triton_grpc_address == straight.check_stream_address
+    assert straight.template_values()["STREAM_BODY_SIZE"] == "2m"
+
+
 @pytest.mark.parametrize(
     "key",
     ["short", "has space in it 0123", 'quote"0123456789abcdef', "semi;colon0123456789", "x" * 257],

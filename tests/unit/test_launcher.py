@@ -158,6 +158,7 @@ def test_a_triton_that_never_becomes_ready_is_a_failed_start_at_its_deadline(tmp
 
 
 def test_the_body_checks_budget_deadline_and_stream_settings_come_from_the_environment(tmp_path):
+    from python_backend.common.values import BadValue
     from tools.front_door import FrontDoorSettings, read_env
 
     env = {
@@ -178,6 +179,9 @@ def test_the_body_checks_budget_deadline_and_stream_settings_come_from_the_envir
     assert "--body-deadline-s=7.5" in check.command
     assert "--stream-message-size=64k" in check.command
     assert "--stream-listen=127.0.0.1:18123" in check.command
+    # a stream message of no bytes would end the check at its start, restarted for ever
+    with pytest.raises(BadValue, match="CHECK_STREAM_MESSAGE_SIZE must be above 0"):
+        read_env(ServeSettings, {"CHECK_STREAM_MESSAGE_SIZE": "0k"})
 
 
 class Infer(StandIn):
