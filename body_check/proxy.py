@@ -191,7 +191,7 @@ class ReadBudget:
     buffers a message whole before the handler sees it, and reads one only when the handler asks
     for it, refusing one longer than its server's bound from the length prefix. So a ModelInfer
     call first reserves the largest a message may be (it waits for room; its caller bounds the
-    wait) and holds it until the message was handed on to Triton; an open stream, which always
+    wait), then, once the message is read, its size until the call ends; an open stream, which always
     waits for its next message, holds the largest a stream message may be for its whole life (a
     stream past the room is refused at once). A client holds at most twice the largest ModelInfer
     message for each of the two; streams hold at most half of the bound in all, so calls always
@@ -226,8 +226,9 @@ class ReadBudget:
             and (not stream or self.streams_total + size <= self.streams_in_all)
         )
 
-    def take(self, client: str, stream: bool) -> None:
-        size = self.stream_bytes if stream else self.message_bytes
+    def take(self, client: str, stream: bool, size: int | None = None) -> None:
+        if size is None:
+            size = self.stream_bytes if stream else self.message_bytes
         self.held[(client, stream)] = self.held.get((client, stream), 0) + size
         self.total += size
         self.streams_total += size if stream else 0
@@ -271,9 +272,13 @@ class ReadBudget:
         self.changed.set()
         self.changed = asyncio.Event()
 
-    def release(self, client: str, stream: bool = False) -> None:
-        """Gives room back (synchronous: it runs whole, even in a cancelled task's cleanup)."""
-        size = self.stream_bytes if stream else self.message_bytes
+    def release(self, client: str, stream: bool = False, size: int | None = None) -> None:
+        """Gives room back (synchronous: it runs whole, even in a cancelled task's cleanup);
+        ``size``: what it holds, if not the largest message."""
+        if size is None:
+            size = self.stream_bytes if stream else self.message_bytes
+        if not size:
+            return
         left = self.held.pop((client, stream)) - size
         if left:
             self.held[(client, stream)] = left
@@ -308,7 +313,7 @@ class GrpcCheck:
                 ("grpc.http2.bdp_probe", 0),
             ],
         )
-        self.infer_call = self.channel.stream_unary(INFER)
+        self.infer_call = self.channel.unary_unary(INFER)
         self.stream_call = self.channel.stream_stream(STREAM_INFER)
         self.budget = ReadBudget(size, settings.grpc_bytes_in_progress, settings.stream_bytes)
 
@@ -364,28 +369,26 @@ class GrpcCheck:
     async def infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
-        """The message is held (and its room reserved) only until Triton has taken it."""
+        """Once read, the message holds its own size of the client's room (not the largest a
+        message may be) until the call ends: many small calls pass side by side, a client's
+        large ones wait."""
         client = client_of(context)
         message = await self.receive(messages, context, client)
+        size = len(message)
+        self.budget.release(client, size=self.budget.message_bytes - size)
         try:
-            try:
-                read_infer_request(message, self.settings.limits)
-            except Refused as refused:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
-            call = self.infer_call(
-                metadata=passed_metadata(context), timeout=context.time_remaining()
+            read_infer_request(message, self.settings.limits)
+        except Refused as refused:
+            self.budget.release(client, size=size)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
+        try:
+            answer: bytes = await self.infer_call(
+                message, metadata=passed_metadata(context), timeout=context.time_remaining()
             )
-            await call.write(message)
-            await call.done_writing()
         except grpc.aio.AioRpcError as err:
             await context.abort(err.code(), err.details() or "")
         finally:
-            del message
-            self.budget.release(client)
-        try:
-            answer: bytes = await call
-        except grpc.aio.AioRpcError as err:
-            await context.abort(err.code(), err.details() or "")
+            self.budget.release(client, size=size)
         return answer
 
     async def stream_infer(

@@ -552,22 +552,8 @@ def test_slow_grpc_messages_hold_only_their_clients_share_and_end_at_the_body_de
     async def sent():
         yield good
 
-    class Upstream:
-        """Triton's side of a ModelInfer call: the message written, then its answer."""
-
-        def __init__(self, metadata=None, timeout=None) -> None:
-            self.message = b""
-
-        async def write(self, message: bytes) -> None:
-            self.message = message
-
-        async def done_writing(self) -> None:
-            pass
-
-        def __await__(self):
-            return asyncio.sleep(0, b"answer to " + self.message[-8:]).__await__()
-
-    upstream = Upstream
+    async def upstream(message, metadata=None, timeout=None):
+        return b"answer to " + message[-8:]
 
     async def outcome(call) -> tuple[str | bytes, float]:
         started = time.monotonic()
@@ -679,3 +665,43 @@ def test_each_open_stream_holds_its_largest_message_and_a_client_has_a_share_of_
     assert opened[:4] == ["open"] * 4 and set(opened[4:]) == {past} and other == past
     assert past.startswith(grpc.StatusCode.RESOURCE_EXHAUSTED.name)
     assert "holds its most for streams" in past and "retry later" in past
+
+
+def test_a_modelinfer_message_holds_its_own_size_of_the_clients_room_until_its_call_ends():
+    """Read, a ModelInfer message holds its size (not the largest a message may be) until
+    Triton answers: many small calls of one client reach Triton side by side, while a client
+    whose large calls are still at Triton waits before its next message is read."""
+    from body_check.proxy import CheckSettings, GrpcCheck
+
+    small = grpc_request({"TEXT": TEXTS}).SerializeToString()
+    large = grpc_request({"TEXT": np.array([[b"x" * 700_000]], dtype=object)}).SerializeToString()
+    at_triton: list[bytes] = []
+    answer_now = asyncio.Event()
+
+    async def upstream(message, metadata=None, timeout=None):
+        at_triton.append(message)
+        await answer_now.wait()
+        return b"answer"
+
+    async def one(message: bytes):
+        yield message
+
+    async def scenario() -> tuple[int, int, int, int]:
+        check = GrpcCheck(CheckSettings("127.0.0.1:1", "127.0.0.1:1", 1 << 20))
+        check.infer_call = upstream
+        calls = [check.infer(one(small), ClientContext("many")) for _ in range(20)]
+        calls += [check.infer(one(large), ClientContext("large")) for _ in range(3)]
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        await asyncio.sleep(0.2)
+        small_there = sum(m == small for m in at_triton)
+        large_there = sum(m == large for m in at_triton)
+        answer_now.set()
+        answers = await asyncio.gather(*tasks)
+        await check.channel.close()
+        return small_there, large_there, answers.count(b"answer"), check.budget.total
+
+    small_there, large_there, answered, left = asyncio.run(scenario())
+    assert small_there == 20, "small calls are not held to two at a time"
+    # two held at Triton (1.4 MB) leave no room for a third read of up to 1 MiB in 2 MiB
+    assert large_there == 2
+    assert answered == 23 and left == 0
