@@ -32,6 +32,7 @@ from python_backend.common.values import (
     parse_bool,
 )
 from python_backend.scheduling.planner import PLANNERS
+from python_backend.scheduling.policy import ServiceClasses
 from python_backend.stub.cpu_pinning import PIN_CORES
 
 OVERLAP_FORWARDS = ("auto", "on", "off")
@@ -91,6 +92,31 @@ class Settings:
         "forwards on an engine thread, the next planned and padded and the last answered while "
         "one runs: `on`, `off`, or `auto` (on where the engine runs on a GPU)",
     )
+    classes: int = _setting(
+        "2", int_at_least(1), "service classes a request may name with `priority` (1 first)"
+    )
+    class_wait_ms: float = _setting(
+        "50",
+        number_at_least(1.0),
+        "while a higher class waits or was seen in the last `class_recent_ms`, a lower class's "
+        "forwards are capped to about this long each",
+    )
+    class_recent_ms: float = _setting(
+        "1000", number_at_least(0.0), "how recently a higher class was seen for the cap to hold"
+    )
+    class_min_share: float = _setting(
+        "0.05",
+        number_at_least(0.0),
+        "a lower class with rows waiting gets at least this share of the engine's recent work",
+    )
+
+    def service_classes(self) -> ServiceClasses:
+        return ServiceClasses(
+            classes=self.classes,
+            wait_s=self.class_wait_ms / 1000.0,
+            recent_s=self.class_recent_ms / 1000.0,
+            min_share=min(self.class_min_share, 1.0),
+        )
 
 
 # the parameters block the builder writes into config.pbtxt: every setting, at its default

@@ -158,6 +158,7 @@ class Admission:
     timings: bool = False  # answer TIMINGS too
     started: float = 0.0  # time.monotonic() when its decoding began: the request's own clock
     tokenization_s: float = 0.0  # how long decoding it took
+    priority: int = 1  # its service class (CLASS_PARAMETER), 1 first
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class RequestDecoder:
             options.timings,
             started,
             time.monotonic() - started,
+            options.priority,
         )
 
 
@@ -246,6 +248,7 @@ def planning_scheduler(
         overlap=overlaps_forwards(settings.overlap_forwards, manifest.runs_on_gpu),
         log=log,
         vocab_size=manifest.vocab_size,
+        classes=settings.service_classes(),
     )
     return scheduler, cost
 
@@ -437,6 +440,7 @@ class TritonPythonModel:
                 deadline=None if asked.timeout_s is None else time.monotonic() + asked.timeout_s,
                 is_cancelled=request.is_cancelled,
                 client=asked.client,
+                priority=asked.priority,
             )
         )
 

@@ -104,6 +104,10 @@ MAX_ID_COLUMNS = 65536
 # the client's address, over anything the client sent; Triton forwards it as a request parameter
 # of the same name (--http-header-forward-pattern, --grpc-header-forward-pattern)
 CLIENT_PARAMETER = "x-planner-client"
+# a request's service class (1 first; Scheduler, ServiceClasses): the body check writes it from
+# a KServe request's `priority` (which Triton consumes itself and never hands to a model), the
+# OpenAI adapter from `/v1`'s `priority`; a client may not send it
+CLASS_PARAMETER = "x-planner-class"
 MAX_CLIENT_NAME = 256  # characters
 # which end of a row over the max length is cut (request parameter truncation_side): the text's
 # tokens go from that end; special tokens and the prompt stay

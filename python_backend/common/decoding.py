@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from python_backend.common.contract import (
+    CLASS_PARAMETER,
     CLIENT_PARAMETER,
     MAX_CLIENT_NAME,
     MAX_ID_COLUMNS,
@@ -47,6 +48,7 @@ class RequestOptions:
     truncation_side: str = "right"  # which end of an over-long row is cut (TRUNCATION_SIDES)
     normalize: bool | None = None  # embeddings at unit length, or not; None: the model's default
     timings: bool = False  # answer TIMINGS too: where the request's time went
+    priority: int = 1  # its service class (CLASS_PARAMETER): 1 is served first
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,15 @@ def parse_options(
             Reason.BAD_PARAMETER,
             f"parameter timings must be a bool (true or false), got {str(timings)[:64]!r}",
         )
+    priority = parameters.get(CLASS_PARAMETER, 0)
+    if isinstance(priority, str) and priority.isascii() and priority.isdigit():
+        priority = int(priority)  # a header's text
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter priority must be a class number (1 first; 0: the default), got "
+            f"{str(priority)[:64]!r}",
+        )
     return RequestOptions(
         truncate=truncate,
         timeout_ms=int(timeout),
@@ -131,6 +142,7 @@ def parse_options(
         truncation_side=side,
         normalize=normalize,
         timings=timings,
+        priority=priority or 1,
     )
 
 

@@ -17,7 +17,7 @@ under its lock.
   exceed twice ``max_rows``.
 
 A client is a name (the front door's, from the API key or the address); "" is the one client
-of a server nobody names.
+of a server nobody names. ``ClassedQueue`` keeps one such queue per service class.
 """
 
 from __future__ import annotations
@@ -65,19 +65,21 @@ class FairQueue(Generic[T]):
         line = self._lines.get(client)
         return line.rows if line is not None else 0
 
-    def refusal(self, client: str, rows: int) -> str | None:
-        """Why ``rows`` more of ``client``'s rows are not admitted, or None if they are."""
-        if self.rows + rows <= self.max_rows:
+    def refusal(self, client: str, rows: int, queued: int | None = None) -> str | None:
+        """Why ``rows`` more of ``client``'s rows are not admitted, or None if they are;
+        ``queued``: the rows judged against the bound, if not this queue's."""
+        queued = self.rows if queued is None else queued
+        if queued + rows <= self.max_rows:
             return None
         mine = self.rows_of(client)
         sharing = self.clients + (0 if client in self._lines else 1)
         share = self.max_rows // sharing
-        if mine + rows <= share and self.rows + rows <= 2 * self.max_rows:
+        if mine + rows <= share and queued + rows <= 2 * self.max_rows:
             return None
         if sharing == 1:
-            return f"queue full: {self.rows} rows queued, the limit is {self.max_rows}"
+            return f"queue full: {queued} rows queued, the limit is {self.max_rows}"
         return (
-            f"queue full: {self.rows} rows queued, the limit is {self.max_rows}; this client "
+            f"queue full: {queued} rows queued, the limit is {self.max_rows}; this client "
             f"holds {mine}, its share of {sharing} clients is {share}"
         )
 
@@ -137,3 +139,48 @@ class FairQueue(Generic[T]):
         """An empty line leaves, and its deficit with it (an idle client saves no credit)."""
         del self._lines[client]
         self._turn.remove(client)
+
+
+class ClassedQueue(Generic[T]):
+    """The queue of a server with service classes: one ``FairQueue`` per class, 1 served first.
+
+    A request is judged against the rows of its own class and every higher one (a lower class's
+    rows never count against it), so a full queue refuses the lowest class over its share first;
+    within a class, clients share as in ``FairQueue``. With one class it is a FairQueue."""
+
+    def __init__(self, classes: int, max_rows: int, quantum_rows: int) -> None:
+        self.lines = [FairQueue[T](max_rows, quantum_rows) for _ in range(classes)]
+
+    def __len__(self) -> int:
+        return sum(line.rows for line in self.lines)
+
+    @property
+    def classes(self) -> int:
+        return len(self.lines)
+
+    def waiting(self) -> list[int]:
+        """The classes with rows queued, highest (1) first."""
+        return [k + 1 for k, line in enumerate(self.lines) if line.rows]
+
+    def higher_than(self, priority: int) -> bool:
+        """Whether a class above ``priority`` has rows queued."""
+        return any(line.rows for line in self.lines[: priority - 1])
+
+    def has_client_besides(self, priority: int, clients: frozenset[str]) -> bool:
+        return self.lines[priority - 1].has_client_besides(clients)
+
+    def refusal(self, priority: int, client: str, rows: int) -> str | None:
+        ahead = sum(line.rows for line in self.lines[:priority])
+        refused = self.lines[priority - 1].refusal(client, rows, ahead)
+        if refused is None or self.classes == 1:
+            return refused
+        return f"{refused} (class {priority} and above)"
+
+    def push(self, priority: int, client: str, item: T, rows: int) -> None:
+        self.lines[priority - 1].push(client, item, rows)
+
+    def push_front(self, priority: int, returned: Iterable[tuple[str, T, int]]) -> None:
+        self.lines[priority - 1].push_front(returned)
+
+    def take(self, priority: int) -> list[T]:
+        return self.lines[priority - 1].take()

@@ -78,3 +78,41 @@ class BudgetLayout:
 
     def mergeable(self, num_tokens: int) -> bool:
         return self.base.mergeable(num_tokens)
+
+
+@dataclass(frozen=True)
+class ServiceClasses:
+    """How the scheduler serves classes of requests (``Request.priority``, 1 first).
+
+    A step takes the highest class waiting; rows of the next class ride in its forwards where
+    that costs less than a forward of their own (``rides``). While a higher class is waiting or
+    was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
+    engine about ``wait_s`` at most (``capped_layout``), and the step yields after any forward
+    once a higher class waits. A lower class with rows waiting whose share of the engine's recent
+    work (cost units, decaying over ``share_window_s``) is under ``min_share`` is served first,
+    capped, so no class starves."""
+
+    classes: int = 2
+    wait_s: float = 0.05
+    recent_s: float = 1.0
+    min_share: float = 0.05
+    share_window_s: float = 2.0
+
+
+def rides(cost: CostModel, padded_length: int, rows: int, alone_length: int) -> bool:
+    """Whether one more row (padded to ``alone_length`` alone) costs less in a forward of
+    ``rows`` rows at ``padded_length`` than in a forward of its own."""
+    more = cost.cost(rows + 1, padded_length) - cost.cost(rows, padded_length)
+    return more < cost.cost(1, alone_length)
+
+
+def capped_layout(
+    base: PlanLayout, cost: CostModel, wait_s: float, seconds_per_unit: float
+) -> BudgetLayout:
+    """``base`` with forwards of at most the padded tokens whose cost takes ``wait_s``: the
+    forward's fixed cost (a one-row forward at the shortest length, less that length) comes off
+    the units ``wait_s`` buys. One row always fits."""
+    shortest = base.pad_len(1)
+    fixed = max(0.0, cost.cost(1, shortest) - shortest)
+    units = wait_s / seconds_per_unit
+    return BudgetLayout(base, max(1, int(units - fixed)))

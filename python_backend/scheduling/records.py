@@ -48,6 +48,7 @@ class Request:
     deadline: float | None = None  # time.monotonic() after which it must not start computing
     is_cancelled: Callable[[], bool] = never_cancelled  # asked before it costs anything
     client: str = ""  # who sent it: the queue is shared between clients (fair_queue)
+    priority: int = 1  # its service class: 1 is served first (ClassedQueue, Scheduler.take)
 
 
 @dataclass(eq=False, slots=True)

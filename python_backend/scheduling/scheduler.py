@@ -43,9 +43,17 @@ import numpy as np
 from python_backend.common.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.common.cost_models import CostModel
 from python_backend.engines.base import BucketLayout, Engine, pad_rows
-from python_backend.scheduling.fair_queue import FairQueue
-from python_backend.scheduling.planner import Group, per_bucket_cost, plan_cost
-from python_backend.scheduling.policy import BudgetLayout, Policy, QueuedRows, policy_named
+from python_backend.scheduling.fair_queue import ClassedQueue
+from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
+from python_backend.scheduling.policy import (
+    BudgetLayout,
+    Policy,
+    QueuedRows,
+    ServiceClasses,
+    capped_layout,
+    policy_named,
+    rides,
+)
 from python_backend.scheduling.records import Admitted, Answer, Forward, Outcome, Request, RowRef
 from python_backend.scheduling.runners import Ran, finite_rows, runner_for
 
@@ -61,12 +69,15 @@ class SchedulerMetrics:
 
     def plan(self, planned_cost: float, per_bucket_cost: float) -> None: ...
 
-    def refused(self, reason: Reason) -> None: ...
+    def refused(self, reason: Reason, priority: int = 1) -> None: ...
 
     def split(self, padded_length: int, rows: int) -> None: ...
 
-    def answered(self, queue_s: float, inference_s: float) -> None:
-        """A request answered with its outputs: how long it queued, how long it computed."""
+    def answered(
+        self, queue_s: float, inference_s: float, priority: int = 1, rows: int = 1
+    ) -> None:
+        """A request of ``rows`` rows in class ``priority`` answered with its outputs: how long
+        it queued, how long it computed."""
 
     def flush_if_due(self) -> None:
         """Publishes what was recorded, if it has waited long enough (between forwards, idle)."""
@@ -100,6 +111,7 @@ class Scheduler:
         overlap: bool = False,
         log: Callable[[str], None] = lambda message: None,
         vocab_size: int | None = None,
+        classes: ServiceClasses | None = None,
     ) -> None:
         self.engine = engine
         self.log = log  # what went wrong with the engine's outputs, for the operator
@@ -110,10 +122,19 @@ class Scheduler:
         self.policy = policy_named(policy) if isinstance(policy, str) else policy
         self.metrics = metrics or SchedulerMetrics()
         self.clock = clock
-        # shared between clients: whole requests, one round of deficit round-robin a step
-        self._queue: FairQueue[Admitted] = FairQueue(
-            max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST
+        # shared between clients: whole requests, one round of deficit round-robin a step, the
+        # highest class waiting first (ServiceClasses)
+        self.classes = classes or ServiceClasses()
+        self._queue: ClassedQueue[Admitted] = ClassedQueue(
+            self.classes.classes, max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST
         )
+        self._step_priority = 1  # the class the step in progress serves
+        self._riders: list[Admitted] = []  # the next class's requests, taken to ride in it
+        self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
+        # the engine's recent work per class, in cost units, decaying; and its seconds per unit
+        self._served = [0.0] * self.classes.classes
+        self._served_at = clock()
+        self._seconds_per_unit: float | None = None
         self._wake_at: float | None = None  # a waiting policy's next planning time
         self._cond = threading.Condition()
         self._accepting = True
@@ -143,11 +164,20 @@ class Scheduler:
                 error = ServeError(
                     Reason.SHUTDOWN, "the server is shutting down; retry on another instance"
                 )
-            elif (full := self._queue.refusal(request.client, num_rows)) is not None:
+            elif not 1 <= request.priority <= self.classes.classes:
+                error = ServeError(
+                    Reason.BAD_PARAMETER,
+                    f"priority {request.priority} is not a class of this model (1 to "
+                    f"{self.classes.classes}, 1 first)",
+                )
+            elif (
+                full := self._queue.refusal(request.priority, request.client, num_rows)
+            ) is not None:
                 error = ServeError(Reason.QUEUE_FULL, f"{full}; retry later")
             else:
                 admitted = Admitted(request, next(self._arrivals), self.clock())
-                self._queue.push(request.client, admitted, num_rows)
+                self._queue.push(request.priority, request.client, admitted, num_rows)
+                self._seen_at[request.priority - 1] = admitted.arrived_at
                 self.metrics.queue_depth(len(self._queue))
                 self._cond.notify()
                 return
@@ -168,15 +198,42 @@ class Scheduler:
     # -- the step -------------------------------------------------------------------------------
 
     def take(self) -> list[Admitted]:
-        """One step's requests, oldest first: everything queued while one client waits, else
-        one round of the clients' shares (fair_queue)."""
+        """One step's requests, oldest first, of one class (the highest waiting, unless a lower
+        one is starved: ``ServiceClasses``): everything queued while one client waits, else one
+        round of the clients' shares (fair_queue). Serving the highest class, the next class's
+        round is taken too, to ride in its forwards (``_riders``)."""
         with self._cond:
-            collection = self._queue.take()
+            waiting = self._queue.waiting()
+            collection: list[Admitted] = []
+            riders: list[Admitted] = []
+            if waiting:
+                self._step_priority = self._pick(waiting)
+                collection = self._queue.take(self._step_priority)
+                if self._step_priority == waiting[0] and len(waiting) > 1:
+                    riders = self._queue.take(waiting[1])
             self._wake_at = None
             if collection:
                 self.metrics.queue_depth(len(self._queue))
         collection.sort(key=lambda owner: owner.arrival)
+        riders.sort(key=lambda owner: owner.arrival)
+        self._riders = riders
         return collection
+
+    def _pick(self, waiting: list[int]) -> int:
+        """The class a step serves: the highest waiting, unless a lower one's share of the
+        engine's recent work is under ``min_share``."""
+        self._decay_served()
+        total = sum(self._served)
+        for priority in waiting[1:]:
+            if total > 0 and self._served[priority - 1] < self.classes.min_share * total:
+                return priority
+        return waiting[0]
+
+    def _decay_served(self) -> None:
+        now = self.clock()
+        keep = 0.5 ** ((now - self._served_at) / self.classes.share_window_s)
+        self._served = [units * keep for units in self._served]
+        self._served_at = now
 
     def step(self, now: float | None = None, finish_last: bool = True) -> list[Forward]:
         """One step: take, admit, plan, then execute and complete each forward, oldest first.
@@ -184,17 +241,19 @@ class Scheduler:
         With ``overlap`` and not ``finish_last`` (the scheduler thread's loop), the last forward
         may still be in flight when it returns: the next step is planned while it runs."""
         collection = self.take()
+        riders, self._riders = self._riders, []
         if not collection:
             return []
         try:
-            forwards = self.plan(self.admit(collection), self.clock() if now is None else now)
+            now = self.clock() if now is None else now
+            forwards = self.plan(self.admit(collection), now, self.admit(riders))
             later = clients_after_each(forwards)
             for k, forward in enumerate(forwards):
                 self.run(forward)
-                if k + 1 < len(forwards) and self._newcomer(later[k]):
-                    # a client with no rows left in this step sent more: the rest waits for the
-                    # next step, where the queue's shares include it, after this forward, not
-                    # after every forward this step planned
+                if k + 1 < len(forwards) and (self._newcomer(later[k]) or self._outranked()):
+                    # a client with no rows left in this step sent more, or a higher class
+                    # arrived: the rest waits for the next step, where the queue's shares
+                    # include it, after this forward, not after every forward this step planned
                     self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]
@@ -203,7 +262,7 @@ class Scheduler:
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
-            for owner in collection:
+            for owner in (*collection, *riders):
                 self._finish(
                     owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
                 )
@@ -213,10 +272,14 @@ class Scheduler:
         """The requests still wanted; the others are answered now (timeout, cancelled)."""
         return [owner for owner in collection if self._still_wanted(owner)]
 
-    def plan(self, live: list[Admitted], now: float) -> list[Forward]:
+    def plan(
+        self, live: list[Admitted], now: float, riders: Iterable[Admitted] = ()
+    ) -> list[Forward]:
         """The policy's forwards for these requests, oldest first (with clients sharing the
         step, those of its lightest clients first); rows it leaves waiting are queued again,
-        ahead of anything that arrived meanwhile."""
+        ahead of anything that arrived meanwhile. ``riders`` (a lower class's requests) ride in
+        those forwards where each costs less there than alone, a request whole or not at all;
+        the others are queued again."""
         rows = [
             RowRef(owner, i, len(owner.request.rows[i]))
             for owner in live
@@ -230,16 +293,20 @@ class Scheduler:
             if not rows:
                 return []
             seen = QueuedRows([r.num_tokens for r in rows], [r.owner.arrived_at for r in rows])
-        decision = self.policy.plan(seen, now, self.layout, self.cost)
+        layout = self._step_layout(now)
+        decision = self.policy.plan(seen, now, layout, self.cost)
         self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
             self.settle()  # nothing goes back in the queue while rows are in flight
             self._requeue(rows, decision.waiting, decision.wake_at)
         forwards = [self._forward(t, [rows[i] for i in members]) for t, members in decision.groups]
+        riders = list(riders)
+        if riders:
+            forwards = self._ride(forwards, riders, layout)
         # clients sharing the step: a forward holding a row of a client with few rows in it runs
         # first (a light client's row waits for no heavy one's rows); then oldest first
         per_client: Counter[str] = Counter()
-        for owner in live:
+        for owner in (*live, *riders):
             per_client[owner.request.client] += owner.remaining
         shared = len(per_client) > 1
         return sorted(
@@ -268,6 +335,75 @@ class Scheduler:
                     ),
                 )
         return [row for row in rows if id(row.owner) not in refused]
+
+    def _step_layout(self, now: float) -> PlanLayout:
+        """The layout a step plans with: capped (``ServiceClasses.wait_s`` a forward) while it
+        serves a lower class and a higher one waits or was seen recently."""
+        priority = self._step_priority
+        if priority == 1 or self._seconds_per_unit is None:
+            return self.layout
+        recent = now - self.classes.recent_s
+        with self._cond:
+            higher = self._queue.higher_than(priority)
+        if not (higher or any(seen >= recent for seen in self._seen_at[: priority - 1])):
+            return self.layout
+        return capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
+
+    def _ride(
+        self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
+    ) -> list[Forward]:
+        """``forwards`` with whole rider requests added where each row costs less than alone;
+        the riders that do not fit are queued again."""
+        extra: list[list[RowRef]] = [[] for _ in forwards]
+        back: list[Admitted] = []
+        for owner in riders:
+            placed: list[tuple[int, RowRef]] = []
+            for i in sorted(owner.rows_to_run(), key=lambda i: -len(owner.request.rows[i])):
+                row = RowRef(owner, i, len(owner.request.rows[i]))
+                alone = self.layout.pad_len(row.num_tokens)
+                best = None
+                for k, forward in enumerate(forwards):
+                    t = forward.padded_length
+                    held = len(forward.rows) + len(extra[k]) + sum(1 for j, _ in placed if j == k)
+                    if (
+                        t >= alone
+                        and held < layout.max_rows(t)
+                        and rides(self.cost, t, held, alone)
+                        and (best is None or t < forwards[best].padded_length)
+                    ):
+                        best = k
+                if best is None or row.num_tokens > self.layout.longest_row:
+                    break
+                placed.append((best, row))
+            else:
+                for k, row in placed:
+                    extra[k].append(row)
+                continue
+            back.append(owner)
+        if back:
+            with self._cond:
+                self._queue_again(back)
+                self._cond.notify()
+        return [
+            Forward(f.padded_length, f.rows + tuple(more), f.oldest_arrival, f.oldest_arrived_at)
+            if more
+            else f
+            for f, more in zip(forwards, extra, strict=True)
+        ]
+
+    def _account(self, forward: Forward, seconds: float) -> None:
+        """A forward's cost, shared between its rows' classes; and the engine's seconds per
+        cost unit, the cap's measure."""
+        units = self.cost.cost(len(forward.rows), forward.padded_length)
+        if units <= 0:
+            return
+        measured = seconds / units
+        previous = self._seconds_per_unit
+        self._seconds_per_unit = measured if previous is None else 0.8 * previous + 0.2 * measured
+        self._decay_served()
+        share = units / len(forward.rows)
+        for row in forward.rows:
+            self._served[row.owner.request.priority - 1] += share
 
     def run(self, forward: Forward) -> None:
         """Runs one planned forward and completes it; on failure, splits it and runs the parts.
@@ -320,6 +456,7 @@ class Scheduler:
         forward = ran.forward
         real_tokens = sum(row.num_tokens for row in forward.rows)
         self.metrics.forward(forward.padded_length, len(forward.rows), real_tokens, ran.seconds)
+        self._account(forward, ran.seconds)
         self.metrics.flush_if_due()
         self.complete(forward, ran.outputs, ran.finite)
 
@@ -365,7 +502,9 @@ class Scheduler:
                 tokens = np.fromiter(map(len, owner.request.rows), np.int32)
                 started = owner.started_at if owner.started_at is not None else owner.arrived_at
                 queue_s, inference_s = started - owner.arrived_at, self.clock() - started
-                self.metrics.answered(queue_s, inference_s)
+                self.metrics.answered(
+                    queue_s, inference_s, owner.request.priority, len(owner.request.rows)
+                )
                 self._finish(owner, Answer(owner.outputs, tokens, queue_s, inference_s))
         if again:
             self._non_finite(forward, again)
@@ -424,11 +563,16 @@ class Scheduler:
         deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - time.monotonic()))
-        for owner in self.take():
-            self._finish(
-                owner,
-                ServeError(Reason.SHUTDOWN, "the server shut down before this request ran"),
-            )
+        while True:  # every class and client, round after round
+            taken = self.take()
+            riders, self._riders = self._riders, []
+            if not taken:
+                break
+            for owner in (*taken, *riders):
+                self._finish(
+                    owner,
+                    ServeError(Reason.SHUTDOWN, "the server shut down before this request ran"),
+                )
         with self._outbox_lock:  # from here on, answers are sent by whoever decides them
             outbox, self._outbox = self._outbox, None
             if outbox is not None:
@@ -495,7 +639,7 @@ class Scheduler:
         if not owner.claim():
             return
         if isinstance(outcome, ServeError):
-            self.metrics.refused(outcome.reason)
+            self.metrics.refused(outcome.reason, owner.request.priority)
         with self._outbox_lock:
             if self._outbox is not None:
                 self._outbox.put((owner, outcome))
@@ -566,11 +710,24 @@ class Scheduler:
         clients' lines with the rows they have left (``Admitted.computed``); under the lock."""
         unique = {id(o): o for o in owners if not o.done}
         back = sorted(unique.values(), key=lambda o: o.arrival)
-        self._queue.push_front((o.request.client, o, o.remaining) for o in back)
+        for priority in sorted({o.request.priority for o in back}):
+            self._queue.push_front(
+                priority,
+                (
+                    (o.request.client, o, o.remaining)
+                    for o in back
+                    if o.request.priority == priority
+                ),
+            )
 
     def _newcomer(self, clients: frozenset[str]) -> bool:
         with self._cond:
-            return self._queue.has_client_besides(clients)
+            return self._queue.has_client_besides(self._step_priority, clients)
+
+    def _outranked(self) -> bool:
+        """Whether a class above the step's now has rows waiting."""
+        with self._cond:
+            return self._queue.higher_than(self._step_priority)
 
     def _requeue_forwards(self, forwards: list[Forward]) -> None:
         """The requests with rows in ``forwards`` (not run) back in the queue."""

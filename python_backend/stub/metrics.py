@@ -110,7 +110,9 @@ class TritonMetrics(SchedulerMetrics):
         self._log = pb_utils.Logger.log_warn
         self._lock = threading.Lock()
         # (what, label) -> amount pending; plan costs are fractional token-units, hence float
-        self._counts: defaultdict[tuple[str, str | int | None], float] = defaultdict(float)
+        self._counts: defaultdict[tuple[str, str | int | tuple[str, int] | None], float] = (
+            defaultdict(float)
+        )
         # values pending, by the series they go to: forward seconds by bucket, request seconds
         # by stage
         self._latencies: defaultdict[int, list[float]] = defaultdict(list)
@@ -173,7 +175,26 @@ class TritonMetrics(SchedulerMetrics):
             for stage, name in STAGES.items()
         }
         self._by_bucket: dict[int, tuple[Any, Any, HistogramSeries]] = {}
-        self._by_reason: dict[str, Any] = {}
+        self._by_reason: dict[tuple[str, int], Any] = {}
+        # per service class (label "class"): rows answered, and seconds queued and in all
+        self._class_rows_family = mf(
+            name="planner_class_rows_total",
+            description="Rows answered with outputs, by service class",
+            kind=mf.COUNTER,
+        )
+        self._class_times = {
+            stage: Histogram(mf, name, description, STAGE_BUCKETS_S)
+            for stage, name, description in (
+                ("queue", "planner_class_queue_seconds", "Seconds a request queued, by class"),
+                (
+                    "request",
+                    "planner_class_request_seconds",
+                    "Seconds from a request's arrival in the queue to its answer, by class",
+                ),
+            )
+        }
+        self._by_class: dict[int, tuple[Any, dict[str, HistogramSeries]]] = {}
+        self._class_values: defaultdict[tuple[int, str], list[float]] = defaultdict(list)
 
     def _bucket(self, padded_length: int) -> tuple[Any, Any, HistogramSeries]:
         metrics = self._by_bucket.get(padded_length)
@@ -212,18 +233,23 @@ class TritonMetrics(SchedulerMetrics):
             self._counts[("cost", "planned")] += planned_cost
             self._counts[("cost", "per_bucket")] += per_bucket_cost
 
-    def refused(self, reason: Reason) -> None:
+    def refused(self, reason: Reason, priority: int = 1) -> None:
         with self._lock:
-            self._counts[("refused", reason.value)] += 1
+            self._counts[("refused", (reason.value, priority))] += 1
 
     def split(self, padded_length: int, rows: int) -> None:
         with self._lock:
             self._counts[("split", None)] += 1
 
-    def answered(self, queue_s: float, inference_s: float) -> None:
+    def answered(
+        self, queue_s: float, inference_s: float, priority: int = 1, rows: int = 1
+    ) -> None:
         with self._lock:
             self._stage_times["queue"].append(queue_s)
             self._stage_times["inference"].append(inference_s)
+            self._counts[("class_rows", priority)] += rows
+            self._class_values[(priority, "queue")].append(queue_s)
+            self._class_values[(priority, "request")].append(queue_s + inference_s)
 
     def request_stage(self, stage: str, seconds: float) -> None:
         """Where the model glue times a request: its tokenization, the whole of it."""
@@ -241,32 +267,56 @@ class TritonMetrics(SchedulerMetrics):
             counts, self._counts = self._counts, defaultdict(float)
             latencies, self._latencies = self._latencies, defaultdict(list)
             stage_times, self._stage_times = self._stage_times, defaultdict(list)
+            class_values, self._class_values = self._class_values, defaultdict(list)
             queue_rows, self._queue_rows = self._queue_rows, None
             self._last_flush = time.monotonic()
         for (kind, key), amount in counts.items():
             if kind in ("rows", "forwards"):
-                rows_metric, forwards_metric, _ = self._bucket(int(key or 0))
+                assert isinstance(key, int)
+                rows_metric, forwards_metric, _ = self._bucket(key)
                 (rows_metric if kind == "rows" else forwards_metric).increment(amount)
             elif kind == "tokens":
                 (self._real if key == "real" else self._padded).increment(amount)
             elif kind == "cost":
                 (self._planned if key == "planned" else self._baseline).increment(amount)
             elif kind == "refused":
-                self._refused_metric(str(key)).increment(amount)
+                assert isinstance(key, tuple)
+                self._refused_metric(*key).increment(amount)
+            elif kind == "class_rows":
+                assert isinstance(key, int)
+                self._class(key)[0].increment(amount)
             elif kind == "split":
                 self._splits.increment(amount)
         for padded_length, values in latencies.items():
             self._bucket(padded_length)[2].publish(values)
         for stage, values in stage_times.items():
             self._stages[stage].publish(values)
+        for (priority, stage), values in class_values.items():
+            self._class(priority)[1][stage].publish(values)
         if queue_rows is not None:
             self._queue.set(queue_rows)
 
-    def _refused_metric(self, reason: str) -> Any:
-        metric = self._by_reason.get(reason)
+    def _refused_metric(self, reason: str, priority: int) -> Any:
+        metric = self._by_reason.get((reason, priority))
         if metric is None:
             metric = self._refused.Metric(
-                labels={"model": self._model, INSTANCE_LABEL: self._instance, "reason": reason}
+                labels={
+                    "model": self._model,
+                    INSTANCE_LABEL: self._instance,
+                    "reason": reason,
+                    "class": str(priority),
+                }
             )
-            self._by_reason[reason] = metric
+            self._by_reason[(reason, priority)] = metric
         return metric
+
+    def _class(self, priority: int) -> tuple[Any, dict[str, HistogramSeries]]:
+        metrics = self._by_class.get(priority)
+        if metrics is None:
+            labels = {"model": self._model, INSTANCE_LABEL: self._instance, "class": str(priority)}
+            metrics = (
+                self._class_rows_family.Metric(labels=labels),
+                {stage: h.series(labels) for stage, h in self._class_times.items()},
+            )
+            self._by_class[priority] = metrics
+        return metrics

@@ -6,7 +6,8 @@ every request a front had pending, or every answer the owner had ready for one f
 count of messages falls as load rises.
 
 - ``SUBMIT`` (front -> owner): request ids, rows per request, the seconds each may still wait
-  (NaN: no deadline), every row's length, and every row's token ids end to end.
+  (NaN: no deadline), every row's length, every row's token ids end to end, the clients' names,
+  and each request's class.
 - ``CANCEL`` (front -> owner): the ids of requests whose clients went away.
 - ``HEARTBEAT`` (front -> owner): nothing; a front that sent nothing else for a while.
 - ``ANSWERS`` (owner -> front): the ids answered with outputs, their rows, the outputs [rows, D]
@@ -129,6 +130,7 @@ def encode_submit(
         _raw(ids),
         _raw(np.fromiter(map(len, names), np.int32, len(names))),
         b"".join(names),
+        _raw(np.fromiter((r.priority for r in requests), np.int32, len(requests))),
     ]
 
 
@@ -139,8 +141,8 @@ def decode_submit(frames: Sequence[Frame], now: float, bind: Bind) -> list[Reque
     """The requests of a SUBMIT message, each with its deadline on the receiver's clock
     (``now`` plus the seconds it had left) and the answer and cancellation ``bind(request_id)``
     gives it."""
-    if len(frames) != 8 or bytes(frames[0]) != SUBMIT:
-        raise WireError(f"a submit message has 8 frames, this one {len(frames)}")
+    if len(frames) != 9 or bytes(frames[0]) != SUBMIT:
+        raise WireError(f"a submit message has 9 frames, this one {len(frames)}")
     request_ids = _column(frames[1], np.int64, "request ids")
     rows_per = _column(frames[2], np.int32, "rows per request")
     timeouts = _column(frames[3], np.float64, "timeouts")
@@ -148,8 +150,13 @@ def decode_submit(frames: Sequence[Frame], now: float, bind: Bind) -> list[Reque
     tokens = _column(frames[5], TOKEN_DTYPE, "token ids")
     name_lengths = _column(frames[6], np.int32, "client name lengths")
     names = bytes(frames[7])
-    if not len(request_ids) == len(rows_per) == len(timeouts) == len(name_lengths):
-        raise WireError("request ids, rows per request, timeouts and clients differ in count")
+    priorities = _column(frames[8], np.int32, "classes")
+    if not (
+        len(request_ids) == len(rows_per) == len(timeouts) == len(name_lengths) == len(priorities)
+    ):
+        raise WireError(
+            "request ids, rows per request, timeouts, clients and classes differ in count"
+        )
     if (name_lengths < 0).any() or int(name_lengths.sum()) != len(names):
         raise WireError("the client names' lengths do not cover their bytes")
     try:
@@ -163,12 +170,17 @@ def decode_submit(frames: Sequence[Frame], now: float, bind: Bind) -> list[Reque
     wide = tokens.astype(np.int64)  # one conversion for the whole message
     rows = np.split(wide, np.cumsum(lengths[:-1])) if len(lengths) else []
     requests = []
-    for request_id, (a, b), timeout, client in zip(
-        request_ids.tolist(), _spans(rows_per), timeouts.tolist(), clients, strict=True
+    for request_id, (a, b), timeout, client, priority in zip(
+        request_ids.tolist(),
+        _spans(rows_per),
+        timeouts.tolist(),
+        clients,
+        priorities.tolist(),
+        strict=True,
     ):
         respond, is_cancelled = bind(request_id)
         deadline = None if math.isnan(timeout) else now + timeout
-        requests.append(Request(rows[a:b], respond, deadline, is_cancelled, client))
+        requests.append(Request(rows[a:b], respond, deadline, is_cancelled, client, priority))
     return requests
 
 

@@ -49,7 +49,12 @@ def test_updates_wait_for_a_flush_and_are_sent_aggregated():
             (
                 "increment",
                 "planner_refused_total",
-                (("model", "m"), ("model_instance", "m"), ("reason", "queue_full")),
+                (
+                    ("class", "1"),
+                    ("model", "m"),
+                    ("model_instance", "m"),
+                    ("reason", "queue_full"),
+                ),
             )
         ]
         == 2

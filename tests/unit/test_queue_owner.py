@@ -325,7 +325,7 @@ def test_the_client_name_crosses_to_the_owners_queue(endpoint):
         while scheduler.queued_rows < 4:
             assert time.monotonic() < deadline, "the requests never reached the owner's queue"
             time.sleep(0.01)
-        queue = scheduler._queue
+        queue = scheduler._queue.lines[0]  # the first class's
         assert (queue.rows_of("a"), queue.rows_of("b"), queue.clients) == (1, 3, 2)
         gate.set()
         answers.wait(3)

@@ -161,7 +161,7 @@ def test_a_non_finite_output_is_never_answered(overlap):
     refused = []
 
     class Counted(SchedulerMetrics):
-        def refused(self, reason):
+        def refused(self, reason, priority=1):
             refused.append(reason)
 
     scheduler = scheduler_for(
@@ -542,7 +542,7 @@ class StageRecorder:
     def __init__(self) -> None:
         self.answered_times: list[tuple[float, float]] = []
 
-    def answered(self, queue_s: float, inference_s: float) -> None:
+    def answered(self, queue_s: float, inference_s: float, *_class_and_rows) -> None:
         self.answered_times.append((queue_s, inference_s))
 
     def __getattr__(self, name):  # every other metric: ignored

@@ -1,0 +1,170 @@
+"""Service classes (``Request.priority``, 1 first): the queue's admission by class, the step that
+serves the highest class first with the next class's requests riding where that costs less,
+the cap on a lower class's forwards while a higher one is about, the step yielding to a higher
+class, and the share that keeps a lower class from starving. Every request is answered once."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from python_backend.common.contract import Reason
+from python_backend.common.cost_models import LinearCost
+from python_backend.common.decoding import parse_options
+from python_backend.scheduling.fair_queue import ClassedQueue
+from python_backend.scheduling.policy import ServiceClasses, capped_layout, rides
+from python_backend.scheduling.records import Request
+from python_backend.transport.wire import decode_submit, encode_submit
+from testkit.fake_engine import FakeChecksumEngine, layout
+from tests.unit.test_scheduler import Answers, assert_answer_matches, scheduler_for
+
+
+def rows_of(length: int, count: int, start: int = 1) -> list[np.ndarray]:
+    return [np.arange(start + k, start + k + length) for k in range(count)]
+
+
+def test_a_full_queue_refuses_the_lowest_class_over_its_share_first():
+    queue: ClassedQueue[str] = ClassedQueue(2, max_rows=10, quantum_rows=64)
+    queue.push(2, "bulk", "b1", 10)  # the lower class fills the bound
+    assert queue.refusal(1, "interactive", 8) is None, "a lower class's rows never count"
+    queue.push(1, "interactive", "i1", 8)
+    refused = queue.refusal(2, "bulk", 1)
+    assert refused is not None and "class 2 and above" in refused
+    assert queue.waiting() == [1, 2] and queue.higher_than(2) and not queue.higher_than(1)
+    assert queue.take(1) == ["i1"] and queue.take(2) == ["b1"] and queue.waiting() == []
+
+
+def test_the_higher_class_runs_first_and_a_lower_request_rides_where_it_costs_less():
+    """Bulk rows ride whole in the interactive forward when one more row there costs less than
+    a forward of its own (a large fixed cost); with none, they wait for their own step."""
+    interactive, bulk = rows_of(60, 1), [rows_of(10, 2, start=100 + 10 * k) for k in range(3)]
+    for overhead, calls in ((64.0, [(7, 64)]), (0.0, [(1, 64), (6, 16)])):
+        engine = FakeChecksumEngine(layout())
+        scheduler = scheduler_for(engine, overhead=overhead)
+        answers = Answers()
+        for k, rows in enumerate(bulk):
+            scheduler.submit(Request(rows, answers.responder(k), priority=2))
+        scheduler.submit(Request(interactive, answers.responder(9)))
+        while scheduler.queued_rows:
+            scheduler.step()
+        assert engine.calls == calls, overhead
+        assert_answer_matches(answers.by_request[9], interactive)
+        for k, rows in enumerate(bulk):
+            assert_answer_matches(answers.by_request[k], rows)
+    assert rides(LinearCost(64.0), 64, 1, 16) and not rides(LinearCost(0.0), 64, 1, 16)
+
+
+def slow(per_token_s: float):
+    """A forward that takes time in proportion to its padded tokens (the cap's measure)."""
+
+    def wait(ids, mask):
+        time.sleep(ids.size * per_token_s)
+
+    return wait
+
+
+def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it():
+    """A bulk step right after an interactive request runs forwards of about ``wait_s`` each;
+    an interactive request arriving during the first ends the step after that forward and runs
+    next. Without a higher class about, the bulk rows run as one forward."""
+    classes = ServiceClasses(wait_s=0.02, recent_s=10.0)
+    cap = capped_layout(layout(), LinearCost(64.0), 0.004, 2e-5)
+    assert [cap.max_rows(t) for t in (16, 32, 64)] == [8, 4, 2]  # 200 units, 136 padded tokens
+
+    answers = Answers()
+    arrived: list[int] = []
+
+    def first_forward_brings_a_query(ids, mask):
+        time.sleep(ids.size * 1e-4)  # 1e-4 s a padded token: 5e-5 s a cost unit at one row
+        if len(engine.calls) == 2 and not arrived:  # the first bulk forward
+            arrived.append(1)
+            scheduler.submit(Request(rows_of(5, 1, start=7), answers.responder(2)))
+
+    engine = FakeChecksumEngine(layout(), fail=first_forward_brings_a_query)
+    scheduler = scheduler_for(engine, overhead=64.0, classes=classes)
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()  # measures the engine: seconds per cost unit
+    scheduler.submit(Request(rows_of(60, 8, start=50), answers.responder(1), priority=2))
+    scheduler.step()
+    (first,) = engine.calls[1:]  # the step yielded after its first forward
+    assert first[1] == 64 and 1 < first[0] < 8, f"{first}: not capped"
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert engine.calls[2] == (1, 16), "the interactive request ran next"
+    bulk = engine.calls[3:]
+    assert all(b < 8 and t == 64 for b, t in bulk), bulk
+    assert first[0] + sum(b for b, _ in bulk) == 8
+    for k in range(3):
+        assert answers.by_request[k][2] is None
+
+    alone = FakeChecksumEngine(layout(), fail=slow(1e-4))
+    scheduler = scheduler_for(alone, overhead=64.0, classes=classes)
+    scheduler.submit(Request(rows_of(60, 8, start=50), Answers().responder(0), priority=2))
+    scheduler.step()
+    assert alone.calls == [(8, 64)]
+
+
+def test_a_lower_class_gets_its_share_under_a_saturating_higher_one():
+    """Interactive requests fill every forward and always wait; the bulk request is still run
+    within a few steps (its share of the engine's recent work is under ``min_share``)."""
+    engine = FakeChecksumEngine(layout(), fail=slow(1e-6))
+    scheduler = scheduler_for(engine, overhead=64.0, classes=ServiceClasses(min_share=0.2))
+    answers = Answers()
+    scheduler.submit(Request(rows_of(60, 8, start=500), answers.responder(99), priority=2))
+    for k in range(6):
+        scheduler.submit(Request(rows_of(60, 8, start=10 * k), answers.responder(k)))
+        scheduler.step()
+        if 99 in answers.by_request:
+            break
+    assert 99 in answers.by_request and answers.by_request[99][2] is None
+    assert k <= 2, f"the bulk request waited {k + 1} steps"
+
+
+def test_a_class_the_model_does_not_have_is_refused_naming_priority():
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine)
+    answers = Answers()
+    scheduler.submit(Request(rows_of(4, 1), answers.responder(0), priority=3))
+    error = answers.by_request[0][2]
+    assert error.reason == Reason.BAD_PARAMETER and "priority 3" in str(error)
+    assert "(1 to 2, 1 first)" in str(error) and not engine.calls
+
+
+def test_the_class_parameter_is_read_from_the_body_checks_number_or_a_header_text():
+    options = parse_options({"x-planner-class": 2}, True, 0)
+    assert options.priority == 2
+    assert parse_options({"x-planner-class": "2"}, True, 0).priority == 2
+    assert parse_options({}, True, 0).priority == 1  # absent or 0: the default class
+    assert parse_options({"x-planner-class": 0}, True, 0).priority == 1
+    for bad in (-1, "high", True, 1.5):
+        try:
+            parse_options({"x-planner-class": bad}, True, 0)
+        except Exception as err:
+            assert "parameter priority" in str(err)
+        else:
+            raise AssertionError(f"{bad!r} was taken")
+
+
+def test_the_class_crosses_from_a_front_to_its_queue_owner():
+    requests = [
+        Request(rows_of(3, 2), lambda _: None, client="a", priority=2),
+        Request(rows_of(4, 1), lambda _: None, client="b"),
+    ]
+    frames = encode_submit([1, 2], requests, now=0.0)
+    decoded = decode_submit(frames, 0.0, lambda _: (lambda _: None, lambda: False))
+    assert [(r.client, r.priority) for r in decoded] == [("a", 2), ("b", 1)]
+
+
+def test_stopping_answers_every_class_queued():
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine)
+    answers = Answers()
+    for k in range(4):
+        scheduler.submit(
+            Request(rows_of(4, 1), answers.responder(k), client=str(k), priority=1 + k % 2)
+        )
+    assert scheduler.stop(1.0)
+    assert {k: answers.by_request[k][2].reason for k in range(4)} == {
+        k: Reason.SHUTDOWN for k in range(4)
+    }
