@@ -19,7 +19,6 @@ import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 import grpc
@@ -29,7 +28,13 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from body_check.rules import BodyLimits, Refused, check_grpc_request, check_json_request
+from body_check.rules import (
+    BodyLimits,
+    Refused,
+    check_grpc_request,
+    check_json_request,
+    with_class,
+)
 from python_backend.common.contract import CLIENT_PARAMETER
 
 LOG = logging.getLogger("body_check")
@@ -165,14 +170,16 @@ def passed_metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | 
     ]
 
 
-def read_infer_request(message: bytes, limits: BodyLimits) -> Any:
-    """The message read by the protobuf library, then checked; ``Refused`` if it is not one."""
+def read_infer_request(message: bytes, limits: BodyLimits) -> bytes:
+    """The message read by the protobuf library, then checked (``Refused`` if it is not one);
+    returns what goes on to Triton: the message, or with a ``priority`` the message with the
+    model's class parameter."""
     try:
         request = service_pb2.ModelInferRequest.FromString(message)
     except DecodeError as err:
         raise Refused(f"not a ModelInferRequest: {err}") from None
     check_grpc_request(request, len(message), limits)
-    return request
+    return with_class(request) or message
 
 
 def stream_refusal(message: bytes, refused: Refused) -> bytes:
@@ -377,7 +384,7 @@ class GrpcCheck:
         size = len(message)
         self.budget.release(client, size=self.budget.message_bytes - size)
         try:
-            read_infer_request(message, self.settings.limits)
+            message = read_infer_request(message, self.settings.limits)
         except Refused as refused:
             self.budget.release(client, size=size)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
@@ -444,7 +451,7 @@ class GrpcCheck:
                     break
                 await hold(len(message), share // 2)
                 try:
-                    read_infer_request(message, self.settings.limits)
+                    passed = read_infer_request(message, self.settings.limits)
                 except Refused as refused:
                     let_go(len(message))
                     refusal = stream_refusal(message, refused)
@@ -452,7 +459,7 @@ class GrpcCheck:
                     await answers.put(refusal)
                     continue
                 sent.append(len(message))
-                await upstream.write(message)
+                await upstream.write(passed)
             await upstream.done_writing()
 
         async def relay() -> None:

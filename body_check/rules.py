@@ -17,7 +17,11 @@ from typing import Any
 
 import orjson
 
-from python_backend.common.contract import CLIENT_PARAMETER, MAX_ROWS_PER_REQUEST
+from python_backend.common.contract import (
+    CLASS_PARAMETER,
+    CLIENT_PARAMETER,
+    MAX_ROWS_PER_REQUEST,
+)
 
 # bytes per element of each KServe datatype; BYTES is variable (a 4-byte length, then the bytes)
 DTYPE_BYTES: dict[str, int] = {
@@ -258,6 +262,8 @@ def check_parameter_name(where: str, key: str) -> None:
         raise Refused(f"{where}: shared memory is not served on the public port ({key})")
     if key == CLIENT_PARAMETER:  # the door's header says who the client is, nothing else
         raise Refused(f"{where}: parameter {key} is set by the front door, not by a request")
+    if key == CLASS_PARAMETER:  # written here from `priority`, which Triton keeps to itself
+        raise Refused(f"{where}: parameter {key} is written from priority; send priority")
 
 
 def _unknown(where: str, keys: Iterable[str], allowed: frozenset[str]) -> None:
@@ -355,7 +361,27 @@ def check_json_request(body: bytes, header_length: int | None, limits: BodyLimit
         offset += size
     if offset != len(binary):
         raise Refused(f"{len(binary) - offset} bytes after the last binary input")
+    priority = (request.get("parameters") or {}).get("priority", 0)
+    if priority:  # an integer in [0, 2^64-1] (checked above): the model's class parameter
+        request["parameters"][CLASS_PARAMETER] = min(priority, INT64_MAX)
     return PassedBody(orjson.dumps(request), binary, header_length is not None)
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def with_class(request: Any) -> bytes | None:
+    """A checked gRPC request with a ``priority`` above 0, written again with the model's class
+    parameter (Triton consumes ``priority`` itself); None where it has none."""
+    parameter = request.parameters.get("priority")
+    if parameter is None:
+        return None
+    field_name = parameter.WhichOneof("parameter_choice")
+    priority = getattr(parameter, field_name) if field_name else 0
+    if not priority:
+        return None
+    request.parameters[CLASS_PARAMETER].int64_param = min(priority, INT64_MAX)
+    return bytes(request.SerializeToString())
 
 
 def check_grpc_request(request: Any, message_bytes: int, limits: BodyLimits) -> None:

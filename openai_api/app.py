@@ -145,6 +145,7 @@ def create_app(
                 client_of(request),
                 query.truncation,
                 query.normalize,
+                query.priority,
             ),
         )
         vectors = served.outputs
@@ -170,7 +171,12 @@ def create_app(
         served = await unless_disconnected(
             request,
             backend.rerank(
-                info, query.query, query.documents, client_of(request), query.truncation
+                info,
+                query.query,
+                query.documents,
+                client_of(request),
+                query.truncation,
+                query.priority,
             ),
         )
         return FastJSONResponse(
@@ -211,6 +217,7 @@ def create_app(
                 query.token_rows,
                 client=client_of(request),
                 truncation=query.truncation,
+                priority=query.priority,
             ),
         )
         return FastJSONResponse(

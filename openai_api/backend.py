@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from openai_api.errors import OpenAIError, bad_request, from_triton, model_not_found
 from openai_api.protocol import MODEL_DEFAULT, Truncation
 from python_backend.common.contract import (
+    CLASS_PARAMETER,
     CLIENT_PARAMETER,
     FAMILY_OUTPUTS,
     NUM_TOKENS_OUTPUT,
@@ -37,6 +38,11 @@ LOGITS_OUTPUT = FAMILY_OUTPUTS["classifier"]
 # a model config parameter: the vector sizes `dimensions` may ask for (comma-separated), for
 # models trained to be shortened (Matryoshka); without it, `dimensions` is refused
 DIMENSIONS_PARAMETER = "matryoshka_dimensions"
+
+
+def class_parameter(priority: int) -> dict[str, int]:
+    """The model's class parameter for a ``/v1`` request's ``priority`` (none for 0)."""
+    return {CLASS_PARAMETER: priority} if priority else {}
 
 
 @dataclass(frozen=True)
@@ -179,10 +185,12 @@ class TritonBackend:
         client: str = "",
         truncation: Truncation = MODEL_DEFAULT,
         normalize: bool | None = None,
+        priority: int = 0,
     ) -> Served:
         """[inputs, D] float32 in input order, the tokens the model ran (prompts included) and
-        where the time went. ``client``: who sent it, as the front door named them."""
-        parameters = truncation.parameters()
+        where the time went. ``client``: who sent it, as the front door named them;
+        ``priority``: its service class (0: the default), kept by every chunk."""
+        parameters = {**truncation.parameters(), **class_parameter(priority)}
         if normalize is not None:
             parameters["normalize"] = normalize
         if prompt_name is not None:
@@ -218,9 +226,11 @@ class TritonBackend:
         documents: list[str],
         client: str = "",
         truncation: Truncation = MODEL_DEFAULT,
+        priority: int = 0,
     ) -> Served:
         """The score of (query, document) for each document, in their order ([documents, 1]),
         the tokens and where the time went."""
+        parameters = {**truncation.parameters(), **class_parameter(priority)}
         # each chunk carries the query once per document: Triton's core refuses a request whose
         # batched inputs differ in rows, so a one-row query cannot pair with many documents.
         # What those copies take is bounded instead: chunks run at most as many at once as fit
@@ -235,7 +245,7 @@ class TritonBackend:
                     documents[a : a + info.max_rows],
                     True,
                     list(range(a, min(a + info.max_rows, len(documents)))),
-                    truncation.parameters(),
+                    parameters,
                     client,
                     query,
                     inputs_field="documents",

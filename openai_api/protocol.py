@@ -71,6 +71,20 @@ class Truncation:
 MODEL_DEFAULT = Truncation()  # a request that says neither
 
 
+def parse_priority(body: dict[str, Any]) -> int:
+    """``priority``: the request's service class (1 first; 0 or absent: the default), as KServe
+    requests name it; every chunk of the request keeps it."""
+    priority = body.get("priority")
+    if priority is None:
+        return 0
+    if not _is_int(priority) or not 0 <= priority < 1 << 31:
+        raise bad_request(
+            "`priority` must be a class number (1 is served first; 0 or absent: the default)",
+            param="priority",
+        )
+    return int(priority)
+
+
 def parse_truncation(body: dict[str, Any]) -> Truncation:
     """``truncation_side`` or NIM's ``truncate``, checked (one of them at most)."""
     side = body.get("truncation_side")
@@ -113,6 +127,7 @@ class EmbeddingsQuery:
     truncation: Truncation = MODEL_DEFAULT
     normalize: bool | None = None  # unit vectors or the pooled ones; None: the model's default
     embedding_type: str = "float"  # a value of EMBEDDING_TYPES
+    priority: int = 0  # its service class (parse_priority)
 
     @property
     def count(self) -> int:
@@ -249,6 +264,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         parse_truncation(body),
         normalize,
         embedding_type,
+        parse_priority(body),
     )
 
 
@@ -343,6 +359,7 @@ class RerankQuery:
     return_documents: bool
     raw_scores: bool
     truncation: Truncation = MODEL_DEFAULT
+    priority: int = 0  # its service class (parse_priority)
 
 
 def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
@@ -386,6 +403,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
         flags["return_documents"],
         flags["raw_scores"],
         parse_truncation(body),
+        parse_priority(body),
     )
 
 
@@ -416,13 +434,14 @@ class ClassifyQuery:
     texts: list[str] | None
     token_rows: list[list[int]] | None
     truncation: Truncation = MODEL_DEFAULT
+    priority: int = 0  # its service class (parse_priority)
 
 
 def parse_classify(body: Any, limits: InputLimits | None = None) -> ClassifyQuery:
     limits = limits or InputLimits()
     model = _model(body)
     texts, token_rows = parse_inputs(body, limits)
-    return ClassifyQuery(model, texts, token_rows, parse_truncation(body))
+    return ClassifyQuery(model, texts, token_rows, parse_truncation(body), parse_priority(body))
 
 
 def classify_response(

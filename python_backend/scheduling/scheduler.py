@@ -167,7 +167,7 @@ class Scheduler:
             elif not 1 <= request.priority <= self.classes.classes:
                 error = ServeError(
                     Reason.BAD_PARAMETER,
-                    f"priority {request.priority} is not a class of this model (1 to "
+                    f"parameter priority is {request.priority}, not a class of this model (1 to "
                     f"{self.classes.classes}, 1 first)",
                 )
             elif (

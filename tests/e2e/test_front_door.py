@@ -624,3 +624,25 @@ def test_a_full_queue_refuses_the_client_over_its_share_and_serves_another(stack
     assert statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
     refused = next(a for a in heavy_answers if status_of(a) == 503)
     assert b"queue full" in refused
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_requests_priority_reaches_the_model_as_its_class(
+    stack, protocol, tokenizer, reference_model
+):
+    """Triton keeps `priority` to itself; through the door the body check hands it on as the
+    model's class: the row is served right and counted in its class; a class the model does not
+    have is a 400 naming priority."""
+    from tests.e2e.test_serving import total
+
+    text = "a bulk row in the second class"
+    labels = {"model": "minilm", "class": "2"}
+    before = total(stack, "planner_class_rows_total", **labels)
+    inputs = text_inputs(protocol, [text])
+    embedding, _ = infer(client(stack, protocol), "minilm", inputs, priority=2, headers=auth())
+    expected = reference_model(tokenizer.encode([text], truncate=True))
+    assert np.abs(embedding - expected).max() <= 1e-4
+    assert total(stack, "planner_class_rows_total", **labels) - before == 1
+    err = infer_error(client(stack, protocol), "minilm", inputs, priority=3, headers=auth())
+    assert "priority is 3, not a class of this model (1 to 2" in err.message()
+    assert err.status() in ("400", "StatusCode.INVALID_ARGUMENT")

@@ -667,3 +667,18 @@ def test_the_adapters_memory_is_bounded_by_an_8mb_body(stack, make):
     assert growth <= bound, (
         f"{growth / 2**20:.0f} MB above its resting size; bound {bound / 2**20:.0f} MB"
     )
+
+
+def test_a_v1_priority_is_kept_by_every_chunk_of_the_request(stack, api):
+    """`priority` on /v1 is the request's class: a request of 100 inputs goes to the model in
+    chunks, each of them in that class; the vectors are KServe's for the same rows."""
+    from tests.e2e.test_serving import total
+
+    texts = [f"bulk document number {k}" for k in range(100)]
+    labels = {"model": "minilm", "class": "2"}
+    before = total(stack, "planner_class_rows_total", **labels)
+    answer = api.embeddings.create(model="minilm", input=texts, extra_body={"priority": 2})
+    vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    expected = np.concatenate([kserve(stack, texts[a : a + 50])[0] for a in (0, 50)])
+    assert np.abs(vectors - expected).max() <= 1e-5
+    assert total(stack, "planner_class_rows_total", **labels) - before == 100

@@ -237,16 +237,16 @@ ROUTE_FIELDS = {
     "/v1/embeddings": (
         {"model": "minilm", "input": "a"},
         ("model", "input", "encoding_format", "dimensions", "normalize", "embedding_type",
-         "prompt_name", "input_type", "truncation_side", "truncate"),
+         "prompt_name", "input_type", "truncation_side", "truncate", "priority"),
     ),
     "/v1/rerank": (
         {"model": "reranker", "query": "q", "documents": ["d"]},
         ("model", "query", "documents", "top_n", "return_documents", "raw_scores",
-         "truncation_side", "truncate"),
+         "truncation_side", "truncate", "priority"),
     ),
     "/v1/classify": (
         {"model": "classifier", "input": "a"},
-        ("model", "input", "truncation_side", "truncate"),
+        ("model", "input", "truncation_side", "truncate", "priority"),
     ),
     "/v1/tokenize": (
         {"model": "minilm", "inputs": "a"},

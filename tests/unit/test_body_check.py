@@ -705,3 +705,42 @@ def test_a_modelinfer_message_holds_its_own_size_of_the_clients_room_until_its_c
     # two held at Triton (1.4 MB) leave no room for a third read of up to 1 MiB in 2 MiB
     assert large_there == 2
     assert answered == 23 and left == 0
+
+
+def test_priority_becomes_the_models_class_parameter_and_a_client_may_not_send_that():
+    """Triton keeps a request's priority to itself; the check writes it again as the model's
+    class parameter, over HTTP and gRPC; a request naming that parameter itself is refused."""
+    from body_check.proxy import read_infer_request
+    from python_backend.common.contract import CLASS_PARAMETER
+
+    body = json_body(text_input([1, 1], ["x"]), parameters={"priority": 2})
+    passed = orjson.loads(check_json_request(body, None, LIMITS).body())
+    assert passed["parameters"] == {"priority": 2, CLASS_PARAMETER: 2}
+    plain = json_body(text_input([1, 1], ["x"]), parameters={"priority": 0})
+    assert (
+        CLASS_PARAMETER
+        not in orjson.loads(check_json_request(plain, None, LIMITS).body())["parameters"]
+    )
+    huge = json_body(text_input([1, 1], ["x"]), parameters={"priority": (1 << 64) - 1})
+    assert (
+        orjson.loads(check_json_request(huge, None, LIMITS).body())["parameters"][CLASS_PARAMETER]
+        == (1 << 63) - 1
+    )
+    forged = json_body(text_input([1, 1], ["x"]), parameters={CLASS_PARAMETER: 1})
+    assert "written from priority" in refused(forged)
+
+    request = grpc_request({"TEXT": TEXTS})
+    message = request.SerializeToString()
+    assert read_infer_request(message, LIMITS) == message  # no priority: byte for byte
+    for field_name in ("int64_param", "uint64_param"):
+        request = grpc_request({"TEXT": TEXTS})
+        setattr(request.parameters["priority"], field_name, 3)
+        passed = service_pb2.ModelInferRequest.FromString(
+            read_infer_request(request.SerializeToString(), LIMITS)
+        )
+        assert passed.parameters[CLASS_PARAMETER].int64_param == 3
+        assert passed.parameters["priority"] == request.parameters["priority"]
+        assert list(passed.raw_input_contents) == list(request.raw_input_contents)
+    request = grpc_request({"TEXT": TEXTS})
+    request.parameters[CLASS_PARAMETER].int64_param = 1
+    assert "written from priority" in grpc_refused(request)

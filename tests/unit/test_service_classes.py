@@ -127,7 +127,7 @@ def test_a_class_the_model_does_not_have_is_refused_naming_priority():
     answers = Answers()
     scheduler.submit(Request(rows_of(4, 1), answers.responder(0), priority=3))
     error = answers.by_request[0][2]
-    assert error.reason == Reason.BAD_PARAMETER and "priority 3" in str(error)
+    assert error.reason == Reason.BAD_PARAMETER and "parameter priority is 3," in str(error)
     assert "(1 to 2, 1 first)" in str(error) and not engine.calls
 
 
