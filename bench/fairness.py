@@ -1,4 +1,5 @@
-"""A light client beside a heavy one: the queue shared between clients, against one queue.
+"""A light client beside a heavy one: the queue shared between clients, and service classes
+(the heavy client's requests in class 2).
 
     python -m bench.fairness [--seconds 10] [--rounds 3] [--no-write]
 
@@ -12,10 +13,10 @@ to the model (``tools.serve.client_forward_args``, as the launcher runs it). Ove
   4096-row queue full;
 - the light client: 1 closed-loop connection, one row a request.
 
-Measured: the light client's latency alone; then beside the heavy client, with its own client
-name (the shared queue: deficit round-robin, shares of a full queue) and with the heavy
-client's name (what one queue for everyone did before), alternating rounds. A refused request
-(503, queue full) counts apart, and is not a latency.
+Measured: the light client's latency alone, and the heavy client's rows/s alone; then both
+together, the light client under its own client name: in the same class (the shared queue:
+deficit round-robin, shares of a full queue), and with the heavy client's requests in class 2
+(``priority``: service classes), alternating rounds. A refused request (503, queue full) counts apart, and is not a latency.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from bench.docs import publish, render
 from bench.errors import reports_errors
 from bench.harness import add_variant, alternating, build_repository, request_rows
 from bench.paths import ROOT
-from python_backend.common.contract import CLIENT_PARAMETER
+from python_backend.common.contract import CLASS_PARAMETER, CLIENT_PARAMETER
+from python_backend.settings import CONFIG_DEFAULTS
+from testkit.prometheus import samples_of, scrape
 from tools.serve import client_forward_args
 from tools.triton_server import TritonServer, free_port
 
@@ -50,6 +53,7 @@ class LightPoint:
     phase: str
     latencies_ms: list[float]
     refused: int
+    heavy_rows_s: float = float("nan")  # the heavy client's rows computed a second
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
@@ -71,14 +75,19 @@ def ids_input(rows: list[np.ndarray]) -> list[grpcaio.InferInput]:
     return inputs
 
 
-async def heavy_connection(url: str, rows: list[np.ndarray], stop: asyncio.Event) -> None:
+async def heavy_connection(
+    url: str, rows: list[np.ndarray], stop: asyncio.Event, priority: int
+) -> None:
+    """Sends its rows back to back, in class ``priority``."""
     client = grpcaio.InferenceServerClient(url)
     chunks = [ids_input(rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
     headers = {CLIENT_PARAMETER: "heavy"}
+    parameters = {CLASS_PARAMETER: priority} if priority > 1 else None
     try:
         while not stop.is_set():
             await asyncio.gather(
-                *(client.infer(MODEL, c, headers=headers) for c in chunks), return_exceptions=True
+                *(client.infer(MODEL, c, headers=headers, parameters=parameters) for c in chunks),
+                return_exceptions=True,
             )
     finally:
         await client.close()
@@ -103,25 +112,47 @@ async def light_loop(url: str, row: np.ndarray, name: str, seconds: float) -> tu
     return latencies, refused
 
 
-async def phase(url: str, rows: list[np.ndarray], light_name: str | None, seconds: float):
-    """The light client for ``seconds``; beside the heavy one unless ``light_name`` is None."""
+def rows_computed(metrics_url: str) -> float:
+    """The rows the model's forwards computed so far (its metric: counted per forward, so it
+    grows smoothly, where answers come a whole request at a time)."""
+    return sum(s.value for s in samples_of(scrape(metrics_url), "planner_rows_total", model=MODEL))
+
+
+async def phase(
+    metrics_url: str,
+    url: str,
+    rows: list[np.ndarray],
+    light_name: str | None,
+    seconds: float,
+    heavy_priority: int | None = 1,
+) -> tuple[list[float], int, float]:
+    """The light client for ``seconds`` (none if ``light_name`` is None), beside the heavy one
+    in class ``heavy_priority`` (none if None): the light latencies, refusals, heavy rows/s."""
     stop = asyncio.Event()
     heavy = []
-    if light_name is not None:
+    if heavy_priority is not None:
         heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
         heavy = [
-            asyncio.ensure_future(heavy_connection(url, heavy_rows, stop))
+            asyncio.ensure_future(heavy_connection(url, heavy_rows, stop, heavy_priority))
             for _ in range(HEAVY_CONNECTIONS)
         ]
         await asyncio.sleep(2.0)  # the queue fills first
-    latencies, refused = await light_loop(url, rows[0], light_name or "light", seconds)
+    computed, started = rows_computed(metrics_url), time.monotonic()
+    if light_name is None:
+        await asyncio.sleep(seconds)
+        latencies: list[float] = []
+        refused = 0
+    else:
+        latencies, refused = await light_loop(url, rows[0], light_name, seconds)
+    # the light client's rows are one a request
+    rows_s = (rows_computed(metrics_url) - computed - len(latencies)) / (time.monotonic() - started)
     stop.set()
     for task in heavy:  # cancelled calls reach the model, which drops their rows unrun
         task.cancel()
     await asyncio.gather(*heavy, return_exceptions=True)
     if heavy:
         await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
-    return latencies, refused
+    return latencies, refused, rows_s if heavy else float("nan")
 
 
 @reports_errors
@@ -131,17 +162,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repo")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
+    parser.add_argument(
+        "--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"], help="the model's setting"
+    )
     args = parser.parse_args()
     repository, _ = build_repository(args.repository, rebuild=False)
     source = repository / "planner_dp"
     table = f"manifest:{source}"
-    add_variant(repository, "planner_dp", MODEL, table)
+    add_variant(
+        repository, "planner_dp", MODEL, table, parameters={"class_wait_ms": args.class_wait_ms}
+    )
     forward_s = cost_table(table)
     layout = forward_s.layout
     longest_ms = 1e3 * max(
         forward_s.seconds(layout.max_rows(length), length) for length in layout.lengths
     )
     rows = request_rows(source / "1")
+    s = args.seconds
     points: list[LightPoint] = []
     with tempfile.TemporaryDirectory() as tmp:
         server = TritonServer(
@@ -154,38 +191,48 @@ def main() -> int:
         )
         with server:
             url = server.grpc_url
-            asyncio.run(phase(url, rows, None, 2.0))  # warm
-            alone = asyncio.run(phase(url, rows, None, args.seconds))
-            points.append(LightPoint("alone", *alone))
-            phases = [("shared queue", "light"), ("one queue", "heavy")]
-            for r, (name, light_name) in alternating(phases, args.rounds):
-                got = asyncio.run(phase(url, rows, light_name, args.seconds))
+            metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            asyncio.run(phase(metrics, url, rows, "light", 2.0, None))  # warm
+            points.append(
+                LightPoint("alone", *asyncio.run(phase(metrics, url, rows, "light", s, None)))
+            )
+            phases = [
+                ("heavy alone", None, 1),
+                ("shared queue", "light", 1),
+                ("classes", "light", 2),
+            ]
+            for r, (name, light, priority) in alternating(phases, args.rounds):
+                got = asyncio.run(phase(metrics, url, rows, light, s, priority))
                 points.append(LightPoint(name, *got))
                 p = points[-1]
                 print(
                     f"round {r + 1} {name:<13} p50 {p.percentile(50):8.1f} ms  p99 "
                     f"{p.percentile(99):8.1f} ms  answered {len(p.latencies_ms)}  refused "
-                    f"{p.refused}",
+                    f"{p.refused}  heavy {p.heavy_rows_s:7.1f} rows/s",
                     flush=True,
                 )
     table_lines = [
-        "| phase | answered | refused (503) | p50 ms | p99 ms |",
-        "|---|---|---|---|---|",
+        "| phase | answered | refused (503) | p50 ms | p99 ms | heavy rows/s |",
+        "|---|---|---|---|---|---|",
     ]
     for p in points:
         table_lines.append(
             f"| {p.phase} | {len(p.latencies_ms)} | {p.refused} | {p.percentile(50):.1f} | "
-            f"{p.percentile(99):.1f} |"
+            f"{p.percentile(99):.1f} | {p.heavy_rows_s:.1f} |"
         )
 
     def pooled(name: str) -> LightPoint:
         chosen = [p for p in points if p.phase == name]
         return LightPoint(
-            name, [x for p in chosen for x in p.latencies_ms], sum(p.refused for p in chosen)
+            name,
+            [x for p in chosen for x in p.latencies_ms],
+            sum(p.refused for p in chosen),
+            float(np.mean([p.heavy_rows_s for p in chosen])),
         )
 
     alone_p99 = points[0].percentile(99)
-    shared, one = pooled("shared queue"), pooled("one queue")
+    heavy_alone = pooled("heavy alone").heavy_rows_s
+    shared, classes = pooled("shared queue"), pooled("classes")
     bound = 2 * alone_p99 + longest_ms
     text = render(
         "fairness",
@@ -197,9 +244,13 @@ def main() -> int:
         bound=f"{bound:.1f}",
         shared=f"{shared.percentile(99):.1f}",
         shared_refused=shared.refused,
-        one=f"{one.percentile(99):.1f}",
-        one_refused=one.refused,
         verdict="within" if shared.percentile(99) <= bound else "over",
+        wait=args.class_wait_ms,
+        classes=f"{classes.percentile(99):.1f}",
+        classes_p50=f"{classes.percentile(50):.1f}",
+        heavy_alone=f"{heavy_alone:.1f}",
+        heavy_classes=f"{classes.heavy_rows_s / heavy_alone:.2f}",
+        heavy_shared=f"{shared.heavy_rows_s / heavy_alone:.2f}",
     )
     return publish(text, BEGIN, END, write=not args.no_write)
 

@@ -128,6 +128,28 @@ class FairQueue(Generic[T]):
                 self._turn.rotate(-1)
         return taken
 
+    def take_rows(self, limit: int, at_least_one: bool = False) -> list[T]:
+        """Whole requests of at most ``limit`` rows in all (with ``at_least_one``, the first
+        request however large), the clients' oldest first, in turn; deficits are left as they
+        were."""
+        taken: list[T] = []
+        progress = True
+        while limit > 0 and progress:
+            progress = False
+            for client in list(self._turn):
+                line = self._lines[client]
+                first = at_least_one and not taken
+                if line.items and (line.items[0][1] <= limit or first):
+                    item, rows = line.items.popleft()
+                    line.rows -= rows
+                    self.rows -= rows
+                    limit -= rows
+                    taken.append(item)
+                    progress = True
+                    if not line.items:
+                        self._drop(client)
+        return taken
+
     def _line(self, client: str) -> _Line[T]:
         line = self._lines.get(client)
         if line is None:
@@ -184,3 +206,15 @@ class ClassedQueue(Generic[T]):
 
     def take(self, priority: int) -> list[T]:
         return self.lines[priority - 1].take()
+
+    def take_rows_of(self, priority: int, limit: int) -> list[T]:
+        """At least one request of class ``priority``, at most ``limit`` rows beyond it."""
+        return self.lines[priority - 1].take_rows(limit, at_least_one=True)
+
+    def take_rows(self, below: int, limit: int) -> tuple[int, list[T]]:
+        """Requests of the first class below ``below`` with rows queued, at most ``limit`` rows
+        (``FairQueue.take_rows``), and that class; (0, []) where none waits."""
+        for priority in range(below + 1, self.classes + 1):
+            if self.lines[priority - 1].rows:
+                return priority, self.lines[priority - 1].take_rows(limit)
+        return 0, []

@@ -129,7 +129,9 @@ class Scheduler:
             self.classes.classes, max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST
         )
         self._step_priority = 1  # the class the step in progress serves
-        self._riders: list[Admitted] = []  # the next class's requests, taken to ride in it
+        self._step_is_top = True  # it serves the highest class waiting (not a starved one)
+        self._step_cap: BudgetLayout | None = None  # its capped layout, if capped
+        self._riders: list[Admitted] = []  # the next class's requests the step took to ride
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
         self._served = [0.0] * self.classes.classes
@@ -201,22 +203,23 @@ class Scheduler:
         """One step's requests, oldest first, of one class (the highest waiting, unless a lower
         one is starved: ``ServiceClasses``): everything queued while one client waits, else one
         round of the clients' shares (fair_queue). Serving the highest class, the next class's
-        round is taken too, to ride in its forwards (``_riders``)."""
+        requests may ride in its forwards (``plan``)."""
         with self._cond:
             waiting = self._queue.waiting()
             collection: list[Admitted] = []
-            riders: list[Admitted] = []
             if waiting:
-                self._step_priority = self._pick(waiting)
-                collection = self._queue.take(self._step_priority)
-                if self._step_priority == waiting[0] and len(waiting) > 1:
-                    riders = self._queue.take(waiting[1])
+                priority = self._step_priority = self._pick(waiting)
+                self._step_is_top = priority == waiting[0]
+                self._step_cap = self._cap_for(priority)
+                if self._step_cap is None:
+                    collection = self._queue.take(priority)
+                else:  # a few capped forwards' rows: the step yields soon, planning little
+                    most = max(self._step_cap.max_rows(t) for t in self.layout.lengths)
+                    collection = self._queue.take_rows_of(priority, 2 * most)
             self._wake_at = None
             if collection:
                 self.metrics.queue_depth(len(self._queue))
         collection.sort(key=lambda owner: owner.arrival)
-        riders.sort(key=lambda owner: owner.arrival)
-        self._riders = riders
         return collection
 
     def _pick(self, waiting: list[int]) -> int:
@@ -241,12 +244,11 @@ class Scheduler:
         With ``overlap`` and not ``finish_last`` (the scheduler thread's loop), the last forward
         may still be in flight when it returns: the next step is planned while it runs."""
         collection = self.take()
-        riders, self._riders = self._riders, []
         if not collection:
             return []
         try:
             now = self.clock() if now is None else now
-            forwards = self.plan(self.admit(collection), now, self.admit(riders))
+            forwards = self.plan(self.admit(collection), now)
             later = clients_after_each(forwards)
             for k, forward in enumerate(forwards):
                 self.run(forward)
@@ -262,6 +264,7 @@ class Scheduler:
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
+            riders, self._riders = self._riders, []
             for owner in (*collection, *riders):
                 self._finish(
                     owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
@@ -272,14 +275,13 @@ class Scheduler:
         """The requests still wanted; the others are answered now (timeout, cancelled)."""
         return [owner for owner in collection if self._still_wanted(owner)]
 
-    def plan(
-        self, live: list[Admitted], now: float, riders: Iterable[Admitted] = ()
-    ) -> list[Forward]:
+    def plan(self, live: list[Admitted], now: float) -> list[Forward]:
         """The policy's forwards for these requests, oldest first (with clients sharing the
         step, those of its lightest clients first); rows it leaves waiting are queued again,
-        ahead of anything that arrived meanwhile. ``riders`` (a lower class's requests) ride in
-        those forwards where each costs less there than alone, a request whole or not at all;
-        the others are queued again."""
+        ahead of anything that arrived meanwhile. Serving the highest class waiting, the next
+        class's requests (as many rows as the forwards have room for) ride in them where each
+        row costs less there than alone, a request whole or not at all; the others are queued
+        again."""
         rows = [
             RowRef(owner, i, len(owner.request.rows[i]))
             for owner in live
@@ -293,14 +295,14 @@ class Scheduler:
             if not rows:
                 return []
             seen = QueuedRows([r.num_tokens for r in rows], [r.owner.arrived_at for r in rows])
-        layout = self._step_layout(now)
+        layout: PlanLayout = self._step_cap or self.layout
         decision = self.policy.plan(seen, now, layout, self.cost)
         self._report_plan(seen.num_tokens, decision.groups)
         if decision.waiting:
             self.settle()  # nothing goes back in the queue while rows are in flight
             self._requeue(rows, decision.waiting, decision.wake_at)
         forwards = [self._forward(t, [rows[i] for i in members]) for t, members in decision.groups]
-        riders = list(riders)
+        riders = self._take_riders(forwards, layout)
         if riders:
             forwards = self._ride(forwards, riders, layout)
         # clients sharing the step: a forward holding a row of a client with few rows in it runs
@@ -308,6 +310,7 @@ class Scheduler:
         per_client: Counter[str] = Counter()
         for owner in (*live, *riders):
             per_client[owner.request.client] += owner.remaining
+        self._riders = []
         shared = len(per_client) > 1
         return sorted(
             forwards,
@@ -336,18 +339,28 @@ class Scheduler:
                 )
         return [row for row in rows if id(row.owner) not in refused]
 
-    def _step_layout(self, now: float) -> PlanLayout:
-        """The layout a step plans with: capped (``ServiceClasses.wait_s`` a forward) while it
-        serves a lower class and a higher one waits or was seen recently."""
-        priority = self._step_priority
+    def _cap_for(self, priority: int) -> BudgetLayout | None:
+        """The capped layout (``ServiceClasses.wait_s`` a forward) for a step of ``priority``
+        while a higher class waits or was seen recently; None otherwise. Under the lock."""
         if priority == 1 or self._seconds_per_unit is None:
-            return self.layout
-        recent = now - self.classes.recent_s
-        with self._cond:
-            higher = self._queue.higher_than(priority)
+            return None
+        recent = self.clock() - self.classes.recent_s
+        higher = self._queue.higher_than(priority)
         if not (higher or any(seen >= recent for seen in self._seen_at[: priority - 1])):
-            return self.layout
+            return None
         return capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
+
+    def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
+        """The next class's requests that might ride in ``forwards``: as many rows as they have
+        room for (none unless the step serves the highest class waiting)."""
+        room = sum(max(0, layout.max_rows(f.padded_length) - len(f.rows)) for f in forwards)
+        if not self._step_is_top or room <= 0:
+            return []
+        with self._cond:
+            _, riders = self._queue.take_rows(self._step_priority, room)
+        riders.sort(key=lambda owner: owner.arrival)
+        self._riders = riders  # answered by the step, whatever happens
+        return self.admit(riders)
 
     def _ride(
         self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
@@ -565,10 +578,9 @@ class Scheduler:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         while True:  # every class and client, round after round
             taken = self.take()
-            riders, self._riders = self._riders, []
             if not taken:
                 break
-            for owner in (*taken, *riders):
+            for owner in taken:
                 self._finish(
                     owner,
                     ServeError(Reason.SHUTDOWN, "the server shut down before this request ran"),

@@ -168,3 +168,19 @@ def test_stopping_answers_every_class_queued():
     assert {k: answers.by_request[k][2].reason for k in range(4)} == {
         k: Reason.SHUTDOWN for k in range(4)
     }
+
+
+def test_riders_are_taken_whole_in_turn_and_never_past_the_room():
+    queue: ClassedQueue[str] = ClassedQueue(3, max_rows=100, quantum_rows=64)
+    for k, rows in enumerate((4, 3, 5)):
+        queue.push(3, "a", f"a{k}", rows)
+    queue.push(3, "b", "b0", 2)
+    queue.push(1, "c", "c0", 1)
+    assert queue.take_rows(1, 9) == (3, ["a0", "b0", "a1"])  # class 2 has none: the next
+    assert queue.take_rows(1, 4) == (3, [])  # a2 (5 rows) does not fit
+    assert queue.take_rows(2, 5) == (3, ["a2"]) and queue.waiting() == [1]
+    assert queue.take_rows(1, 5) == (0, [])
+    # a capped step takes at least one request, however large, so it always makes progress
+    queue.push(2, "d", "d0", 64)
+    queue.push(2, "d", "d1", 1)
+    assert queue.take_rows_of(2, 6) == ["d0"] and queue.take_rows_of(2, 6) == ["d1"]
