@@ -20,6 +20,7 @@ import orjson
 from python_backend.common.contract import (
     CLASS_PARAMETER,
     CLIENT_PARAMETER,
+    KEY_CLASS_PARAMETER,
     MAX_ROWS_PER_REQUEST,
 )
 
@@ -260,7 +261,7 @@ def check_parameter_name(where: str, key: str) -> None:
         raise Refused(f"{where}: parameter name {key[:64]!r} holds a NUL character")
     if key in SHARED_MEMORY_PARAMETERS:
         raise Refused(f"{where}: shared memory is not served on the public port ({key})")
-    if key == CLIENT_PARAMETER:  # the door's header says who the client is, nothing else
+    if key in (CLIENT_PARAMETER, KEY_CLASS_PARAMETER):  # the door's headers, nothing else
         raise Refused(f"{where}: parameter {key} is set by the front door, not by a request")
     if key == CLASS_PARAMETER:  # written here from `priority`, which Triton keeps to itself
         raise Refused(f"{where}: parameter {key} is written from priority; send priority")

@@ -25,6 +25,7 @@ from openai_api.backend import (
     SCORE_OUTPUT,
     ModelInfo,
     TritonBackend,
+    callers,
     check_dimensions,
 )
 from openai_api.errors import OpenAIError, bad_request, error_body, model_refusal
@@ -45,7 +46,7 @@ from openai_api.protocol import (
     shorten,
     tokens_response,
 )
-from python_backend.common.contract import CLIENT_PARAMETER, TRUNCATION_SIDES, ServeError
+from python_backend.common.contract import TRUNCATION_SIDES, ServeError
 
 # /v1/tokenize with truncation off: a text of more characters than this many per token of the
 # model's limit is refused before it is tokenized (TEI's bound: 250 x max_input_length)
@@ -70,9 +71,9 @@ async def json_body(request: Request) -> Any:
 LOG = logging.getLogger("openai_api")
 
 
-def client_of(request: Request) -> str:
-    """Who sent it, as the front door named them (its header, set over the client's own)."""
-    return request.headers.get(CLIENT_PARAMETER, "")
+def caller_of(request: Request) -> dict[str, str]:
+    """Who sent it, as the front door named them (its headers, set over the client's own)."""
+    return callers(request.headers)
 
 
 T = TypeVar("T")
@@ -142,7 +143,7 @@ def create_app(
                 query.texts,
                 query.token_rows,
                 query.prompt_name,
-                client_of(request),
+                caller_of(request),
                 query.truncation,
                 query.normalize,
                 query.priority,
@@ -174,7 +175,7 @@ def create_app(
                 info,
                 query.query,
                 query.documents,
-                client_of(request),
+                caller_of(request),
                 query.truncation,
                 query.priority,
             ),
@@ -215,7 +216,7 @@ def create_app(
                 info,
                 query.texts,
                 query.token_rows,
-                client=client_of(request),
+                caller=caller_of(request),
                 truncation=query.truncation,
                 priority=query.priority,
             ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from python_backend.common.contract import (
     CLASS_PARAMETER,
     CLIENT_PARAMETER,
     FAMILY_OUTPUTS,
+    KEY_CLASS_PARAMETER,
     NUM_TOKENS_OUTPUT,
     PAIR_INPUT,
     REQUEST_INPUTS,
@@ -38,6 +39,17 @@ LOGITS_OUTPUT = FAMILY_OUTPUTS["classifier"]
 # a model config parameter: the vector sizes `dimensions` may ask for (comma-separated), for
 # models trained to be shortened (Matryoshka); without it, `dimensions` is refused
 DIMENSIONS_PARAMETER = "matryoshka_dimensions"
+
+
+NO_CALLER: Mapping[str, str] = {}
+# the front door's headers about the caller, forwarded to Triton as they came
+CALLER_HEADERS = (CLIENT_PARAMETER, KEY_CLASS_PARAMETER)
+
+
+def callers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The front door's headers naming who sent a request (its client name, its key's class),
+    to pass on to the model."""
+    return {name: headers[name] for name in CALLER_HEADERS if headers.get(name)}
 
 
 def class_parameter(priority: int) -> dict[str, int]:
@@ -182,13 +194,13 @@ class TritonBackend:
         texts: list[str] | None,
         token_rows: list[list[int]] | None,
         prompt_name: str | None = None,
-        client: str = "",
+        caller: Mapping[str, str] = NO_CALLER,
         truncation: Truncation = MODEL_DEFAULT,
         normalize: bool | None = None,
         priority: int = 0,
     ) -> Served:
         """[inputs, D] float32 in input order, the tokens the model ran (prompts included) and
-        where the time went. ``client``: who sent it, as the front door named them;
+        where the time went. ``caller``: the front door's headers naming who sent it (``callers``);
         ``priority``: its service class (0: the default), kept by every chunk."""
         parameters = {**truncation.parameters(), **class_parameter(priority)}
         if normalize is not None:
@@ -212,7 +224,7 @@ class TritonBackend:
                     texts is not None,
                     order[a : a + info.max_rows],
                     parameters,
-                    client,
+                    caller,
                 )
                 for a in starts
             )
@@ -224,7 +236,7 @@ class TritonBackend:
         info: ModelInfo,
         query: str,
         documents: list[str],
-        client: str = "",
+        caller: Mapping[str, str] = NO_CALLER,
         truncation: Truncation = MODEL_DEFAULT,
         priority: int = 0,
     ) -> Served:
@@ -246,7 +258,7 @@ class TritonBackend:
                     True,
                     list(range(a, min(a + info.max_rows, len(documents)))),
                     parameters,
-                    client,
+                    caller,
                     query,
                     inputs_field="documents",
                 )
@@ -261,7 +273,7 @@ class TritonBackend:
         as_text: bool,
         positions: list[int],
         parameters: dict[str, Any] | None = None,
-        client: str = "",
+        caller: Mapping[str, str] = NO_CALLER,
         query: str | None = None,
         inputs_field: str = "input",
     ) -> Served:
@@ -308,8 +320,8 @@ class TritonBackend:
                 outputs=outputs,
                 client_timeout=self.timeout_s,
                 parameters=parameters or None,
-                # Triton forwards it to the model as a request parameter (tools/serve.py)
-                headers={CLIENT_PARAMETER: client} if client else None,
+                # Triton forwards them to the model as request parameters (tools/serve.py)
+                headers=dict(caller) or None,
             )
         except InferenceServerException as err:
             too_long = TOO_LONG_ROW.match(err.message() or "")

@@ -79,9 +79,14 @@ SHARED_KEY = "-"  # API_KEY's clients: named by their address, as without a key
 NO_KEY = "!"  # keys are required and none matched
 
 
+CLASS_PATTERN = re.compile(r"[1-9][0-9]{0,3}")  # a key's class: 1 to 9999
+
+
 def read_api_keys(path: Path) -> dict[str, str]:
-    """``API_KEYS``: a file of ``name key`` lines (blank lines and ``#`` comments skipped), as
-    key -> name; a bad line, a name or key twice, is a FrontDoorError naming its line. Read as
+    """``API_KEYS``: a file of ``name key`` or ``name key class`` lines (blank lines and ``#``
+    comments skipped), as key -> the map's value: the name, or ``name/class`` (the highest
+    class the key's clients may ask for, and their default); a bad line, a name or key twice,
+    is a FrontDoorError naming its line. Read as
     the image's shell script reads it: lines end at LF (a CR before it dropped), words are
     separated by spaces and tabs only, and any other byte belongs to a word."""
     try:
@@ -97,16 +102,19 @@ def read_api_keys(path: Path) -> dict[str, str]:
         if not words or words[0].startswith("#"):
             continue
         where = f"API_KEYS ({path}) line {number}"
-        if len(words) != 2:
-            raise FrontDoorError(f"{where}: write `name key`, two words")
-        name, key = words
+        if len(words) not in (2, 3):
+            raise FrontDoorError(f"{where}: write `name key` or `name key class`")
+        name, key = words[:2]
         if not CLIENT_NAME_PATTERN.fullmatch(name) or name in (SHARED_KEY, NO_KEY):
             raise FrontDoorError(f"{where}: a name is 1 to 64 characters of A-Z a-z 0-9 . _ -")
         if not API_KEY_PATTERN.fullmatch(key):
             raise FrontDoorError(f"{where}: a key is {API_KEY_RULE}")
-        if key in keys or name in keys.values():
+        if len(words) == 3 and not CLASS_PATTERN.fullmatch(words[2]):
+            raise FrontDoorError(f"{where}: a class is a whole number from 1 to 9999")
+        named = {value.split("/")[0] for value in keys.values()}
+        if key in keys or name in named:
             raise FrontDoorError(f"{where}: {'key' if key in keys else 'name'} given twice")
-        keys[key] = name
+        keys[key] = "/".join(words[:1] + words[2:])
     return keys
 
 

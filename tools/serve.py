@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from python_backend.common.contract import CLIENT_PARAMETER, OWNER_SUFFIX
+from python_backend.common.contract import CLIENT_PARAMETER, KEY_CLASS_PARAMETER, OWNER_SUFFIX
 from python_backend.common.values import BadValue, int_at_least, number_at_least, parse_bool
 from tools.front_door import (
     FrontDoor,
@@ -74,7 +74,7 @@ STUB_BINARY = "triton_python_backend_stub"
 def client_forward_args() -> list[str]:
     """Triton passes the front door's client header on to the model as a request parameter of
     the same name, over HTTP and gRPC: the queue's shares are by client (fair_queue)."""
-    pattern = f"^{CLIENT_PARAMETER}$"
+    pattern = f"^({CLIENT_PARAMETER}|{KEY_CLASS_PARAMETER})$"
     return [f"--http-header-forward-pattern={pattern}", f"--grpc-header-forward-pattern={pattern}"]
 
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs before the nginx image renders its templates: writes the keys map the front door's
 # configuration includes (FRONT_DOOR_KEYS) from API_KEY (one key for every client) and API_KEYS
-# (a file of `name key` lines, each key's clients named by it). Keys go into the configuration as
+# (a file of `name key` or `name key class` lines, each key's clients named by it, a class the
+# highest they may ask for: the map's value is then `name/class`). Keys go into the configuration as
 # literals, so they may hold only characters that need no quoting there. tools/front_door.py
 # (keys_map, read_api_keys) writes the same map for `make serve`; a test compares the two.
 set -eu
@@ -43,8 +44,8 @@ if [ -n "${API_KEYS:-}" ]; then
       continue
     fi
     where="API_KEYS ($API_KEYS) line $number"
-    if [ $# -ne 2 ]; then
-      echo "$where: write \`name key\`, two words" >&2
+    if [ $# -ne 2 ] && [ $# -ne 3 ]; then
+      echo "$where: write \`name key\` or \`name key class\`" >&2
       exit 1
     fi
     if ! printf '%s' "$1" | grep -Eq "$name_rule" || [ "$1" = "-" ] || [ "$1" = "!" ]; then
@@ -55,11 +56,19 @@ if [ -n "${API_KEYS:-}" ]; then
       echo "$where: a key is $rule" >&2
       exit 1
     fi
+    value="$1"
+    if [ $# -eq 3 ]; then
+      if ! printf '%s' "$3" | grep -Eq '^[1-9][0-9]{0,3}$'; then
+        echo "$where: a class is a whole number from 1 to 9999" >&2
+        exit 1
+      fi
+      value="$1/$3"
+    fi
     case "$seen" in *" $2 "*) echo "$where: key given twice" >&2; exit 1 ;; esac
     case "$names" in *" $1 "*) echo "$where: name given twice" >&2; exit 1 ;; esac
     seen="$seen$2 "
     names="$names$1 "
-    printf '"~^(?i:bearer) \\Q%s\\E$" "%s";\n' "$2" "$1" >> "$tmp"
+    printf '"~^(?i:bearer) \\Q%s\\E$" "%s";\n' "$2" "$value" >> "$tmp"
     entries=1
   done < "$API_KEYS"
 fi

@@ -108,6 +108,9 @@ CLIENT_PARAMETER = "x-planner-client"
 # a KServe request's `priority` (which Triton consumes itself and never hands to a model), the
 # OpenAI adapter from `/v1`'s `priority`; a client may not send it
 CLASS_PARAMETER = "x-planner-class"
+# the highest class a client's API key may ask for (API_KEYS' third word), and its default class:
+# a header the front door sets from the key, over anything the client sent (none: class 1)
+KEY_CLASS_PARAMETER = "x-planner-key-class"
 MAX_CLIENT_NAME = 256  # characters
 # which end of a row over the max length is cut (request parameter truncation_side): the text's
 # tokens go from that end; special tokens and the prompt stay

@@ -16,6 +16,7 @@ import numpy as np
 from python_backend.common.contract import (
     CLASS_PARAMETER,
     CLIENT_PARAMETER,
+    KEY_CLASS_PARAMETER,
     MAX_CLIENT_NAME,
     MAX_ID_COLUMNS,
     MAX_TEXT_BYTES_PER_TOKEN,
@@ -125,14 +126,13 @@ def parse_options(
             Reason.BAD_PARAMETER,
             f"parameter timings must be a bool (true or false), got {str(timings)[:64]!r}",
         )
-    priority = parameters.get(CLASS_PARAMETER, 0)
-    if isinstance(priority, str) and priority.isascii() and priority.isdigit():
-        priority = int(priority)  # a header's text
-    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+    priority = class_number(parameters.get(CLASS_PARAMETER, 0), "priority")
+    key_class = class_number(parameters.get(KEY_CLASS_PARAMETER, 0), KEY_CLASS_PARAMETER) or 1
+    if priority and priority < key_class:
         raise ServeError(
             Reason.BAD_PARAMETER,
-            f"parameter priority must be a class number (1 first; 0: the default), got "
-            f"{str(priority)[:64]!r}",
+            f"parameter priority is {priority}; this API key may ask for class {key_class} "
+            "at most (or a larger number, served after it)",
         )
     return RequestOptions(
         truncate=truncate,
@@ -142,8 +142,21 @@ def parse_options(
         truncation_side=side,
         normalize=normalize,
         timings=timings,
-        priority=priority or 1,
+        priority=priority or key_class,
     )
+
+
+def class_number(value: Any, name: str) -> int:
+    """A service class as the body check or the adapter writes it, or a header's text; 0: none."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter {name} must be a class number (1 first; 0: the default), got "
+            f"{str(value)[:64]!r}",
+        )
+    return value
 
 
 @dataclass(frozen=True)

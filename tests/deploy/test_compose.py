@@ -260,8 +260,9 @@ KEY_A, KEY_B = "a" * 16 + "0123", "B/+=" * 5
         (KEY_A, []),
         ("", [f"team-a {KEY_A}", "", "# a comment", f"  team.b   {KEY_B}  "]),
         (KEY_B, [f"team-a {KEY_A}"]),
+        ("", [f"bulk {KEY_A} 2", f"search {KEY_B}"]),
     ],
-    ids=["no keys", "one shared key", "named keys", "both"],
+    ids=["no keys", "one shared key", "named keys", "both", "a key with a class"],
 )
 def test_the_image_writes_the_keys_map_make_serve_writes(tmp_path, api_key, lines):
     from tools.front_door import keys_map, read_api_keys
@@ -276,7 +277,10 @@ def test_the_image_writes_the_keys_map_make_serve_writes(tmp_path, api_key, line
 @pytest.mark.parametrize(
     ("lines", "words"),
     [
-        ([f"team-a {KEY_A} extra"], "two words"),
+        ([f"team-a {KEY_A} 2 extra"], "write `name key` or `name key class`"),
+        ([f"team-a {KEY_A} high"], "a class is"),
+        ([f"team-a {KEY_A} 0"], "a class is"),
+        ([f"team-a {KEY_A}", f"team-a {KEY_B} 2"], "name given twice"),
         ([f"bad/name {KEY_A}"], "a name is"),
         (["team-a short"], "a key is"),
         ([f"team-a {KEY_A}", f"team-b {KEY_A}"], "key given twice"),
@@ -302,11 +306,21 @@ def test_both_refuse_a_bad_keys_file_naming_the_line(tmp_path, lines, words):
         (f"# keys\r\n\r\nteam-a {KEY_A}".encode(), None),  # no newline at the end
         (f"team-a {KEY_A}\nteam-b\u00a0{KEY_B}\n".encode(), "line 2: write `name key`"),
         (f"team-a\u2003{KEY_A}\n".encode(), "line 1: write `name key`"),
-        (f"team-a {KEY_A}\x0cteam-b {KEY_B}\n".encode(), "line 1: write `name key`"),
-        (f"team-a {KEY_A}\rteam-b {KEY_B}\n".encode(), "line 1: write `name key`"),
+        (f"team-a {KEY_A}\t3\r\n".encode(), None),  # a class after a tab, CRLF
+        (f"team-a {KEY_A}\x0cteam-b {KEY_B}\n".encode(), "line 1: a key is"),
+        (f"team-a {KEY_A}\rteam-b {KEY_B}\n".encode(), "line 1: a key is"),
         (f"team-a {KEY_A[:-1]}\xff\n".encode("latin-1"), "line 1: a key is"),
     ],
-    ids=["crlf", "no final newline", "nbsp", "em space", "form feed", "bare cr", "not utf-8"],
+    ids=[
+        "crlf",
+        "no final newline",
+        "nbsp",
+        "em space",
+        "class",
+        "form feed",
+        "bare cr",
+        "not utf-8",
+    ],
 )
 def test_both_read_a_keys_file_byte_for_byte_alike(tmp_path, raw, refused):
     """Line ends and blanks as the shell reads them: lines end at LF (a CR before it dropped),

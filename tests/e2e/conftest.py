@@ -221,7 +221,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def stack(repository, tmp_path_factory):
     """The deployment as `make serve` runs it, with an API key and short limits."""
-    from tests.e2e.stack import API_KEY, Stack
+    from tests.e2e.stack import API_KEY, BULK_KEY, Stack
 
     models = (
         "minilm",
@@ -232,10 +232,12 @@ def stack(repository, tmp_path_factory):
         "tiny_embedder",
     )
     root = tmp_path_factory.mktemp("stack")
+    keys = root / "api-keys"  # beside API_KEY: a named key whose clients are in class 2
+    keys.write_text(f"bulk {BULK_KEY} 2\n")
     own = Stack(
         repository_of(repository, (*models, "minilm_small_queue", SLOW), root),
         root / "state",
-        {"API_KEY": API_KEY},
+        {"API_KEY": API_KEY, "API_KEYS": str(keys)},
         models=models,
     )
     _LOGS.append(own.log_path)

@@ -19,6 +19,7 @@ from pathlib import Path
 from tools.triton_server import ROOT, answers_ok, free_port
 
 API_KEY = "test-key-0123456789abcdef"
+BULK_KEY = "bulk-key-for-the-second-class"  # the stack's API_KEYS: class 2
 
 SHORT_LIMITS = {
     "MAX_BODY_SIZE": "1m",

@@ -13,19 +13,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from python_backend.common.contract import CLIENT_PARAMETER
+from python_backend.common.contract import CLIENT_PARAMETER, KEY_CLASS_PARAMETER
 from tools.front_door import FrontDoor, FrontDoorSettings
 from tools.triton_server import free_port
 
 SHARED = "shared-key-0123456789"
 TEAM_A = "team-a-key-0123456789"
 TEAM_B = "TEAM/b+key=0123456789"
+BULK = "bulk-key-0123456789xyz"
 
 
 class Echo(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"client": self.headers.get(CLIENT_PARAMETER)}).encode()
+        body = json.dumps(
+            {
+                "client": self.headers.get(CLIENT_PARAMETER),
+                "class": self.headers.get(KEY_CLASS_PARAMETER),
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -43,7 +49,7 @@ def door(tmp_path_factory):
     here = f"127.0.0.1:{echo.server_port}"
     root = tmp_path_factory.mktemp("door")
     keys = root / "api-keys"
-    keys.write_text(f"team-a {TEAM_A}\nteam-b {TEAM_B}\n")
+    keys.write_text(f"team-a {TEAM_A}\nteam-b {TEAM_B}\nbulk {BULK} 2\n")
     settings = FrontDoorSettings(
         triton_http_address=here,
         triton_grpc_address=here,
@@ -64,20 +70,23 @@ def door(tmp_path_factory):
     echo.shutdown()
 
 
-def client_seen(door, authorization: str | None, forged: str | None = None) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
+def seen(door, authorization: str | None, forged: dict[str, str] | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **(forged or {})}
     if authorization is not None:
         headers["Authorization"] = authorization
-    if forged is not None:
-        headers[CLIENT_PARAMETER] = forged
     request = urllib.request.Request(
         f"http://127.0.0.1:{door.settings.http_port}/v2/models/m/infer", b"{}", headers
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, json.loads(answer.read())["client"]
+            return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as err:
-        return err.code, ""
+        return err.code, {}
+
+
+def client_seen(door, authorization: str | None, forged: str | None = None) -> tuple[int, str]:
+    code, echoed = seen(door, authorization, {CLIENT_PARAMETER: forged} if forged else None)
+    return code, echoed.get("client", "")
 
 
 def test_a_named_keys_clients_get_its_name(door):
@@ -101,3 +110,12 @@ def test_a_forged_client_header_is_replaced(door):
 )
 def test_a_missing_or_inexact_key_is_refused(door, authorization):
     assert client_seen(door, authorization)[0] == 401
+
+
+def test_a_keys_class_reaches_the_model_and_no_client_can_set_it(door):
+    """A key of the keys file with a class: its clients are named by it and the door sends the
+    class; other keys send none, and a client's own header is dropped."""
+    forged = {KEY_CLASS_PARAMETER: "1"}
+    assert seen(door, f"Bearer {BULK}", forged) == (200, {"client": "bulk", "class": "2"})
+    assert seen(door, f"Bearer {TEAM_A}", forged) == (200, {"client": "team-a", "class": None})
+    assert seen(door, f"Bearer {SHARED}", forged)[1]["class"] is None

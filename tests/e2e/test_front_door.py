@@ -646,3 +646,20 @@ def test_a_requests_priority_reaches_the_model_as_its_class(
     err = infer_error(client(stack, protocol), "minilm", inputs, priority=3, headers=auth())
     assert "priority is 3, not a class of this model (1 to 2" in err.message()
     assert err.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_keys_class_is_its_clients_default_and_the_highest_they_may_ask(stack, protocol):
+    """The stack's keys file gives one key class 2: its requests are counted in class 2 without
+    a priority, may ask for a later class, and asking for class 1 is a 400 naming priority."""
+    from tests.e2e.stack import BULK_KEY
+    from tests.e2e.test_serving import total
+
+    bulk = {"authorization": f"Bearer {BULK_KEY}"}
+    inputs = text_inputs(protocol, ["a row of the bulk key"])
+    labels = {"model": "minilm", "class": "2"}
+    before = total(stack, "planner_class_rows_total", **labels)
+    infer(client(stack, protocol), "minilm", inputs, headers=bulk)
+    assert total(stack, "planner_class_rows_total", **labels) - before == 1
+    err = infer_error(client(stack, protocol), "minilm", inputs, priority=1, headers=bulk)
+    assert "priority is 1; this API key may ask for class 2 at most" in err.message()

@@ -682,3 +682,22 @@ def test_a_v1_priority_is_kept_by_every_chunk_of_the_request(stack, api):
     expected = np.concatenate([kserve(stack, texts[a : a + 50])[0] for a in (0, 50)])
     assert np.abs(vectors - expected).max() <= 1e-5
     assert total(stack, "planner_class_rows_total", **labels) - before == 100
+
+
+def test_a_keys_class_holds_on_v1_too(stack):
+    """The bulk key of the stack's keys file (class 2) on /v1: its rows are counted in class 2,
+    and asking for class 1 is a 400 naming priority."""
+    from tests.e2e.stack import BULK_KEY
+    from tests.e2e.test_serving import total
+
+    headers = {"Authorization": f"Bearer {BULK_KEY}", "Content-Type": "application/json"}
+    labels = {"model": "minilm", "class": "2"}
+    before = total(stack, "planner_class_rows_total", **labels)
+    body = {"model": "minilm", "input": ["one", "two"]}
+    status, answer = raw(stack, "/v1/embeddings", json.dumps(body).encode(), headers)
+    assert status == 200 and len(answer["data"]) == 2
+    assert total(stack, "planner_class_rows_total", **labels) - before == 2
+    body["priority"] = 1
+    status, answer = raw(stack, "/v1/embeddings", json.dumps(body).encode(), headers)
+    assert status == 400 and answer["error"]["param"] == "priority", answer
+    assert "may ask for class 2 at most" in answer["error"]["message"]

@@ -184,3 +184,15 @@ def test_riders_are_taken_whole_in_turn_and_never_past_the_room():
     queue.push(2, "d", "d0", 64)
     queue.push(2, "d", "d1", 1)
     assert queue.take_rows_of(2, 6) == ["d0"] and queue.take_rows_of(2, 6) == ["d1"]
+
+
+def test_a_keys_class_is_its_default_and_the_highest_it_may_ask_for():
+    key = {"x-planner-key-class": "2"}  # the front door's header, as Triton forwards it
+    assert parse_options(key, True, 0).priority == 2
+    assert parse_options({**key, "x-planner-class": 3}, True, 0).priority == 3
+    try:
+        parse_options({**key, "x-planner-class": 1}, True, 0)
+    except Exception as err:
+        assert "parameter priority is 1; this API key may ask for class 2 at most" in str(err)
+    else:
+        raise AssertionError("a key of class 2 asked for class 1")
