@@ -1,4 +1,5 @@
-"""Soak: many concurrent clients mixing valid, invalid, cancelled and timed-out requests.
+"""Soak: many concurrent clients mixing valid, invalid, cancelled and timed-out requests, half of
+the clients in service class 2 (every other one).
 
     python -m bench.soak [--seconds 120] [--clients 64] [--repository DIR]
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from bench.errors import BenchError, reports_errors
 from builder.corpus import corpus_rows
+from python_backend.common.contract import CLASS_PARAMETER
 from testkit.triton_clients import client, infer, text_inputs
 
 TOLERANCE = 1e-4
@@ -91,6 +93,8 @@ def run_soak(
     def worker(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
         http, grpc = client(server, "http"), client(server, "grpc")
+        # the model's class parameter, as the body check writes it from `priority`
+        in_class = {CLASS_PARAMETER: 2} if k % 2 else {}
         while time.monotonic() < stop_at:
             kind = rng.random()
             protocol = rng.choice(("http", "grpc"))
@@ -99,12 +103,13 @@ def run_soak(
             inputs = text_inputs(protocol, [texts[r] for r in rows])
             try:
                 if kind < 0.70:
-                    embedding, _ = infer(c, model, inputs)
+                    embedding, _ = infer(c, model, inputs, in_class or None)
                     problem = check(rows, embedding)
                     record("valid: right answer" if problem is None else "valid: WRONG", problem)
                 elif kind < 0.85:
                     try:
-                        infer(c, model, rng.choice(INVALID)(protocol), {"truncate": False})
+                        invalid = rng.choice(INVALID)(protocol)
+                        infer(c, model, invalid, {"truncate": False, **in_class})
                         record("invalid: answered", "an invalid request was answered")
                     except Exception as err:
                         status = str(err.status()) if hasattr(err, "status") else ""
@@ -118,13 +123,14 @@ def run_soak(
                         model,
                         text_inputs("grpc", [texts[r] for r in rows]),
                         callback=lambda *_: None,
+                        parameters=in_class or None,
                     )
                     time.sleep(rng.random() * 0.02)
                     future.cancel()
                     record("cancelled")
                 else:
                     try:
-                        embedding, _ = infer(c, model, inputs, {"timeout_ms": 1})
+                        embedding, _ = infer(c, model, inputs, {"timeout_ms": 1, **in_class})
                         problem = check(rows, embedding)
                         record(
                             "timeout: answered in time" if problem is None else "timeout: WRONG",
