@@ -54,8 +54,11 @@ def require_supported_major(running: str) -> None:
     if major != str(SUPPORTED_TENSORRT_MAJOR):
         raise EngineContractError(
             f"TensorRT {running} is not supported: this project builds and loads plans with "
-            f"TensorRT {SUPPORTED_TENSORRT_MAJOR}.x (its FP16 networks are weakly typed, which "
-            f"TensorRT 11 removed). Use the image's TensorRT {SUPPORTED_TENSORRT_MAJOR}.x"
+            f"TensorRT {SUPPORTED_TENSORRT_MAJOR}.x, whose FP16 networks are weakly typed "
+            "(TensorRT 11 builds strongly typed ones only, their precision taken from the ONNX). "
+            f"Build the image with a TensorRT {SUPPORTED_TENSORRT_MAJOR}.x (TENSORRT_VERSION in "
+            "docker-compose.yml's release block); another major needs the builder to export "
+            "its precision into the ONNX and build strongly typed networks first"
         )
 
 

@@ -161,6 +161,8 @@ def test_only_the_supported_tensorrt_major_builds_or_loads():
     require_supported_major("10.16.1.11")
     with pytest.raises(EngineContractError, match=r"TensorRT 11\.1\.0 is not supported.*10\.x"):
         require_supported_major("11.1.0")
+    with pytest.raises(EngineContractError, match=r"TENSORRT_VERSION in docker-compose\.yml"):
+        require_supported_major("11.1.0")
     with pytest.raises(EngineContractError, match="not supported"):
         require_supported_major("8.6.1")
 
