@@ -1,23 +1,13 @@
-"""A light client beside a heavy one: the queue shared between clients, and service classes
-(the heavy client's requests in class 2).
+"""A light client beside a heavy one: the queue shared between clients, and service classes.
 
-    python -m bench.fairness [--seconds 10] [--rounds 3] [--no-write]
+    python -m bench.fairness [--seconds 10] [--rounds 3] [--class-wait-ms 50] [--no-write]
 
-planner_dp over the bench-only emulated engine with this machine's own forward times (its
-calibration table, ``manifest:``: the forwards sleep as long as the real ones took, so the
-client and the stub have the CPU to themselves), on a Triton that forwards the client header
-to the model (``tools.serve.client_forward_args``, as the launcher runs it). Over gRPC:
-
-- the heavy client: 2 connections, each sending 2048 rows as 32 requests of 64 at once, back
-  to back, as the OpenAI adapter sends a 2048-input ``/v1`` request: between them they keep the
-  4096-row queue full;
-- the light client: 1 closed-loop connection, one row a request.
-
-Measured: the light client's latency alone, and the heavy client's rows/s alone; then both
-together, the light client under its own client name: in the same class (the shared queue:
-deficit round-robin, shares of a full queue), and with the heavy client's requests in class 2
-(``priority``: service classes), alternating rounds. A refused request (503, queue full) counts apart, and is not a latency.
-"""
+planner_dp on the bench-only emulated engine with this machine's own forward times (they sleep as
+long as the real ones took), on a Triton forwarding the client header, over gRPC. The heavy client:
+2 connections, each 2048 rows as 32 requests of 64 at once, back to back (the 4096-row queue full);
+the light client: one closed-loop connection, one row a request. Measured: the light client alone;
+the heavy one alone, beside the light one in its class (the shared queue), and in class 2
+(``priority``), alternating rounds. A refusal (503) counts apart."""
 
 from __future__ import annotations
 
@@ -40,12 +30,15 @@ from bench.paths import ROOT
 from python_backend.common.contract import CLASS_PARAMETER, CLIENT_PARAMETER
 from python_backend.settings import CONFIG_DEFAULTS
 from testkit.prometheus import samples_of, scrape
+from testkit.triton_clients import id_inputs
 from tools.serve import client_forward_args
 from tools.triton_server import TritonServer, free_port
 
 MODEL = "planner_fair"
 BEGIN, END = "<!-- fairness:begin -->", "<!-- fairness:end -->"
 HEAVY_CONNECTIONS, HEAVY_ROWS, CHUNK = 2, 2048, 64
+# (phase, the light client's name or none, the heavy client's class): alternated each round
+PHASES = [("heavy alone", None, 1), ("shared queue", "light", 1), ("classes", "light", 2)]
 
 
 @dataclass(frozen=True)
@@ -58,33 +51,21 @@ class LightPoint:
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
 
-
-def ids_input(rows: list[np.ndarray]) -> list[grpcaio.InferInput]:
-    width = max(len(r) for r in rows)
-    ids = np.zeros((len(rows), width), np.int64)
-    mask = np.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    inputs = [
-        grpcaio.InferInput("INPUT_IDS", list(ids.shape), "INT64"),
-        grpcaio.InferInput("ATTENTION_MASK", list(mask.shape), "INT64"),
-    ]
-    inputs[0].set_data_from_numpy(ids)
-    inputs[1].set_data_from_numpy(mask)
-    return inputs
+    def row(self) -> str:
+        return (
+            f"| {self.phase} | {len(self.latencies_ms)} | {self.refused} | "
+            f"{self.percentile(50):.1f} | {self.percentile(99):.1f} | {self.heavy_rows_s:.1f} |"
+        )
 
 
-async def heavy_connection(
-    url: str, rows: list[np.ndarray], stop: asyncio.Event, priority: int
-) -> None:
-    """Sends its rows back to back, in class ``priority``."""
+async def heavy_connection(url: str, rows: list[np.ndarray], priority: int) -> None:
+    """Sends its rows back to back, in class ``priority``, until cancelled."""
     client = grpcaio.InferenceServerClient(url)
-    chunks = [ids_input(rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
+    chunks = [id_inputs("grpc", rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
     headers = {CLIENT_PARAMETER: "heavy"}
     parameters = {CLASS_PARAMETER: priority} if priority > 1 else None
     try:
-        while not stop.is_set():
+        while True:
             await asyncio.gather(
                 *(client.infer(MODEL, c, headers=headers, parameters=parameters) for c in chunks),
                 return_exceptions=True,
@@ -93,9 +74,15 @@ async def heavy_connection(
         await client.close()
 
 
-async def light_loop(url: str, row: np.ndarray, name: str, seconds: float) -> tuple[list, int]:
+async def light_loop(
+    url: str, row: np.ndarray, name: str | None, seconds: float
+) -> tuple[list[float], int]:
+    """Latencies (ms) and refusals of ``name``'s closed loop; none (a wait) for None."""
+    if name is None:
+        await asyncio.sleep(seconds)
+        return [], 0
     client = grpcaio.InferenceServerClient(url)
-    inputs = ids_input([row])
+    inputs = id_inputs("grpc", [row])
     latencies, refused = [], 0
     deadline = time.monotonic() + seconds
     try:
@@ -113,8 +100,7 @@ async def light_loop(url: str, row: np.ndarray, name: str, seconds: float) -> tu
 
 
 def rows_computed(metrics_url: str) -> float:
-    """The rows the model's forwards computed so far (its metric: counted per forward, so it
-    grows smoothly, where answers come a whole request at a time)."""
+    """Rows the model's forwards computed (smooth, where answers come a request at a time)."""
     return sum(s.value for s in samples_of(scrape(metrics_url), "planner_rows_total", model=MODEL))
 
 
@@ -124,29 +110,20 @@ async def phase(
     rows: list[np.ndarray],
     light_name: str | None,
     seconds: float,
-    heavy_priority: int | None = 1,
+    heavy_priority: int = 1,
 ) -> tuple[list[float], int, float]:
     """The light client for ``seconds`` (none if ``light_name`` is None), beside the heavy one
-    in class ``heavy_priority`` (none if None): the light latencies, refusals, heavy rows/s."""
-    stop = asyncio.Event()
-    heavy = []
-    if heavy_priority is not None:
-        heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
-        heavy = [
-            asyncio.ensure_future(heavy_connection(url, heavy_rows, stop, heavy_priority))
-            for _ in range(HEAVY_CONNECTIONS)
-        ]
-        await asyncio.sleep(2.0)  # the queue fills first
+    in class ``heavy_priority`` (none if 0): the light latencies, refusals, and the heavy rows
+    computed a second (the light client's are one a request)."""
+    heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
+    heavy = [
+        asyncio.ensure_future(heavy_connection(url, heavy_rows, heavy_priority))
+        for _ in range(HEAVY_CONNECTIONS if heavy_priority else 0)
+    ]
+    await asyncio.sleep(2.0 if heavy else 0.0)  # the queue fills first
     computed, started = rows_computed(metrics_url), time.monotonic()
-    if light_name is None:
-        await asyncio.sleep(seconds)
-        latencies: list[float] = []
-        refused = 0
-    else:
-        latencies, refused = await light_loop(url, rows[0], light_name, seconds)
-    # the light client's rows are one a request
+    latencies, refused = await light_loop(url, rows[0], light_name, seconds)
     rows_s = (rows_computed(metrics_url) - computed - len(latencies)) / (time.monotonic() - started)
-    stop.set()
     for task in heavy:  # cancelled calls reach the model, which drops their rows unrun
         task.cancel()
     await asyncio.gather(*heavy, return_exceptions=True)
@@ -162,16 +139,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repo")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
-    parser.add_argument(
-        "--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"], help="the model's setting"
-    )
+    parser.add_argument("--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"])
     args = parser.parse_args()
     repository, _ = build_repository(args.repository, rebuild=False)
     source = repository / "planner_dp"
     table = f"manifest:{source}"
-    add_variant(
-        repository, "planner_dp", MODEL, table, parameters={"class_wait_ms": args.class_wait_ms}
-    )
+    wait = {"class_wait_ms": args.class_wait_ms}
+    add_variant(repository, "planner_dp", MODEL, table, parameters=wait)
     forward_s = cost_table(table)
     layout = forward_s.layout
     longest_ms = 1e3 * max(
@@ -192,43 +166,23 @@ def main() -> int:
         with server:
             url = server.grpc_url
             metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-            asyncio.run(phase(metrics, url, rows, "light", 2.0, None))  # warm
-            points.append(
-                LightPoint("alone", *asyncio.run(phase(metrics, url, rows, "light", s, None)))
-            )
-            phases = [
-                ("heavy alone", None, 1),
-                ("shared queue", "light", 1),
-                ("classes", "light", 2),
-            ]
-            for r, (name, light, priority) in alternating(phases, args.rounds):
+            asyncio.run(phase(metrics, url, rows, "light", 2.0, 0))  # warm
+            rounds = [(0, ("alone", "light", 0)), *alternating(PHASES, args.rounds)]
+            for r, (name, light, priority) in rounds:
                 got = asyncio.run(phase(metrics, url, rows, light, s, priority))
                 points.append(LightPoint(name, *got))
-                p = points[-1]
-                print(
-                    f"round {r + 1} {name:<13} p50 {p.percentile(50):8.1f} ms  p99 "
-                    f"{p.percentile(99):8.1f} ms  answered {len(p.latencies_ms)}  refused "
-                    f"{p.refused}  heavy {p.heavy_rows_s:7.1f} rows/s",
-                    flush=True,
-                )
+                print(f"round {r + 1}: {points[-1].row()}", flush=True)
     table_lines = [
         "| phase | answered | refused (503) | p50 ms | p99 ms | heavy rows/s |",
         "|---|---|---|---|---|---|",
+        *(p.row() for p in points),
     ]
-    for p in points:
-        table_lines.append(
-            f"| {p.phase} | {len(p.latencies_ms)} | {p.refused} | {p.percentile(50):.1f} | "
-            f"{p.percentile(99):.1f} | {p.heavy_rows_s:.1f} |"
-        )
 
     def pooled(name: str) -> LightPoint:
         chosen = [p for p in points if p.phase == name]
-        return LightPoint(
-            name,
-            [x for p in chosen for x in p.latencies_ms],
-            sum(p.refused for p in chosen),
-            float(np.mean([p.heavy_rows_s for p in chosen])),
-        )
+        rows_s = float(np.mean([p.heavy_rows_s for p in chosen]))
+        latencies = [x for p in chosen for x in p.latencies_ms]
+        return LightPoint(name, latencies, sum(p.refused for p in chosen), rows_s)
 
     alone_p99 = points[0].percentile(99)
     heavy_alone = pooled("heavy alone").heavy_rows_s

@@ -30,6 +30,7 @@ from python_backend.common.contract import CLASS_PARAMETER
 from testkit.triton_clients import client, infer, text_inputs
 
 TOLERANCE = 1e-4
+STRICT = {"truncate": False}  # the invalid requests' parameters
 INVALID = [
     lambda p: text_inputs(p, [""]),
     lambda p: text_inputs(p, [b"\xff\xfe"]),
@@ -93,8 +94,7 @@ def run_soak(
     def worker(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
         http, grpc = client(server, "http"), client(server, "grpc")
-        # the model's class parameter, as the body check writes it from `priority`
-        in_class = {CLASS_PARAMETER: 2} if k % 2 else {}
+        in_class = {CLASS_PARAMETER: 2} if k % 2 else {}  # as the check writes `priority`
         while time.monotonic() < stop_at:
             kind = rng.random()
             protocol = rng.choice(("http", "grpc"))
@@ -108,8 +108,7 @@ def run_soak(
                     record("valid: right answer" if problem is None else "valid: WRONG", problem)
                 elif kind < 0.85:
                     try:
-                        invalid = rng.choice(INVALID)(protocol)
-                        infer(c, model, invalid, {"truncate": False, **in_class})
+                        infer(c, model, rng.choice(INVALID)(protocol), {**in_class, **STRICT})
                         record("invalid: answered", "an invalid request was answered")
                     except Exception as err:
                         status = str(err.status()) if hasattr(err, "status") else ""
