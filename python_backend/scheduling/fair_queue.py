@@ -201,8 +201,13 @@ class ClassedQueue(Generic[T]):
     def push(self, priority: int, client: str, item: T, rows: int) -> None:
         self.lines[priority - 1].push(client, item, rows)
 
-    def push_front(self, priority: int, returned: Iterable[tuple[str, T, int]]) -> None:
-        self.lines[priority - 1].push_front(returned)
+    def push_front(self, returned: Iterable[tuple[int, str, T, int]]) -> None:
+        """``FairQueue.push_front`` for (class, client, item, rows), each to its class's line."""
+        by_class: dict[int, list[tuple[str, T, int]]] = {}
+        for priority, client, item, rows in returned:
+            by_class.setdefault(priority, []).append((client, item, rows))
+        for priority, items in by_class.items():
+            self.lines[priority - 1].push_front(items)
 
     def take(self, priority: int) -> list[T]:
         return self.lines[priority - 1].take()

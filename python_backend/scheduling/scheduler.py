@@ -131,7 +131,8 @@ class Scheduler:
         self._step_priority = 1  # the class the step in progress serves
         self._step_is_top = True  # it serves the highest class waiting (not a starved one)
         self._step_cap: BudgetLayout | None = None  # its capped layout, if capped
-        self._riders: list[Admitted] = []  # the next class's requests the step took to ride
+        # the next class's requests the step took to ride: answered by the step if it fails
+        self._riders: list[Admitted] = []
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
         self._served = [0.0] * self.classes.classes
@@ -244,6 +245,7 @@ class Scheduler:
         With ``overlap`` and not ``finish_last`` (the scheduler thread's loop), the last forward
         may still be in flight when it returns: the next step is planned while it runs."""
         collection = self.take()
+        self._riders = []
         if not collection:
             return []
         try:
@@ -264,8 +266,7 @@ class Scheduler:
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
-            riders, self._riders = self._riders, []
-            for owner in (*collection, *riders):
+            for owner in (*collection, *self._riders):
                 self._finish(
                     owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
                 )
@@ -310,7 +311,6 @@ class Scheduler:
         per_client: Counter[str] = Counter()
         for owner in (*live, *riders):
             per_client[owner.request.client] += owner.remaining
-        self._riders = []
         shared = len(per_client) > 1
         return sorted(
             forwards,
@@ -359,7 +359,7 @@ class Scheduler:
         with self._cond:
             _, riders = self._queue.take_rows(self._step_priority, room)
         riders.sort(key=lambda owner: owner.arrival)
-        self._riders = riders  # answered by the step, whatever happens
+        self._riders = riders
         return self.admit(riders)
 
     def _ride(
@@ -370,23 +370,24 @@ class Scheduler:
         extra: list[list[RowRef]] = [[] for _ in forwards]
         back: list[Admitted] = []
         for owner in riders:
+            held = [len(f.rows) + len(more) for f, more in zip(forwards, extra, strict=True)]
             placed: list[tuple[int, RowRef]] = []
             for i in sorted(owner.rows_to_run(), key=lambda i: -len(owner.request.rows[i])):
                 row = RowRef(owner, i, len(owner.request.rows[i]))
-                alone = self.layout.pad_len(row.num_tokens)
-                best = None
-                for k, forward in enumerate(forwards):
-                    t = forward.padded_length
-                    held = len(forward.rows) + len(extra[k]) + sum(1 for j, _ in placed if j == k)
-                    if (
-                        t >= alone
-                        and held < layout.max_rows(t)
-                        and rides(self.cost, t, held, alone)
-                        and (best is None or t < forwards[best].padded_length)
-                    ):
-                        best = k
-                if best is None or row.num_tokens > self.layout.longest_row:
+                if row.num_tokens > self.layout.longest_row:
                     break
+                alone = self.layout.pad_len(row.num_tokens)
+                fits = [
+                    k
+                    for k, f in enumerate(forwards)
+                    if f.padded_length >= alone
+                    and held[k] < layout.max_rows(f.padded_length)
+                    and rides(self.cost, f.padded_length, held[k], alone)
+                ]
+                if not fits:
+                    break
+                best = min(fits, key=lambda k: forwards[k].padded_length)
+                held[best] += 1
                 placed.append((best, row))
             else:
                 for k, row in placed:
@@ -722,15 +723,7 @@ class Scheduler:
         clients' lines with the rows they have left (``Admitted.computed``); under the lock."""
         unique = {id(o): o for o in owners if not o.done}
         back = sorted(unique.values(), key=lambda o: o.arrival)
-        for priority in sorted({o.request.priority for o in back}):
-            self._queue.push_front(
-                priority,
-                (
-                    (o.request.client, o, o.remaining)
-                    for o in back
-                    if o.request.priority == priority
-                ),
-            )
+        self._queue.push_front((o.request.priority, o.request.client, o, o.remaining) for o in back)
 
     def _newcomer(self, clients: frozenset[str]) -> bool:
         with self._cond:

@@ -196,3 +196,25 @@ def test_a_keys_class_is_its_default_and_the_highest_it_may_ask_for():
         assert "parameter priority is 1; this API key may ask for class 2 at most" in str(err)
     else:
         raise AssertionError("a key of class 2 asked for class 1")
+
+
+def test_an_internal_error_answers_the_riders_too():
+    """A step that fails inside (here its metrics) answers every request it took, the next
+    class's riders included: none is left unanswered in a forward that never completed."""
+    from python_backend.scheduling.scheduler import SchedulerMetrics
+
+    class Broken(SchedulerMetrics):
+        def forward(self, *args) -> None:
+            raise RuntimeError("metrics broke")
+
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, overhead=64.0, metrics=Broken())
+    answers = Answers()
+    scheduler.submit(Request(rows_of(10, 2, start=100), answers.responder(1), priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()
+    assert engine.calls == [(3, 64)], "the class-2 request rode in the class-1 forward"
+    assert {k: answers.by_request[k][2].reason for k in (0, 1)} == {
+        0: Reason.INTERNAL,
+        1: Reason.INTERNAL,
+    }
