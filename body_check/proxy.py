@@ -1,8 +1,9 @@
 """The body check's servers: KServe HTTP ``infer``, gRPC ``ModelInfer`` and gRPC
-``ModelStreamInfer`` (a port of its own), each body checked (``rules``) and, when it passes, sent on to Triton: an
-HTTP body's JSON as the check wrote it again from what it judged (binary tensors unchanged), so
-Triton reads exactly what was judged; a gRPC message byte for byte, since Triton reads it with the
-same protobuf rules. Triton's answer comes back as it came.
+``ModelStreamInfer`` (a port of its own), each body checked (``rules``) and, when it passes, sent
+on to Triton: an HTTP body's JSON as the check wrote it again from what it judged (binary tensors
+unchanged), so Triton reads exactly what was judged; a gRPC message byte for byte, since Triton
+reads it with the same protobuf rules, unless it has a ``priority`` (then written again with the
+model's class parameter, ``rules.with_class``). Triton's answer comes back as it came.
 
 The front door routes only these inference calls here; everything else it sends to Triton
 directly. A refused body never reaches Triton: HTTP 400 in Triton's error shape, gRPC
@@ -198,15 +199,15 @@ class ReadBudget:
     buffers a message whole before the handler sees it, and reads one only when the handler asks
     for it, refusing one longer than its server's bound from the length prefix. So a ModelInfer
     call first reserves the largest a message may be (it waits for room; its caller bounds the
-    wait), then, once the message is read, its size until the call ends; an open stream, which always
-    waits for its next message, holds the largest a stream message may be for its whole life (a
-    stream past the room is refused at once). A client holds at most twice the largest ModelInfer
-    message for each of the two; streams hold at most half of the bound in all, so calls always
-    have the other half. Besides, a client's stream messages read and the answers to them not yet
-    sent back are held to that share again (``hold``): its streams pass a message on to Triton
-    while those hold under half the share, and read Triton's next answer while under all of it,
-    so messages never take the room their answers need, and each stream's last answer read is
-    the most it goes over."""
+    wait), then, once the message is read, its size until the call ends; an open stream, which
+    always waits for its next message, holds the largest a stream message may be for its whole
+    life (a stream past the room is refused at once). A client holds at most twice the largest
+    ModelInfer message for each of the two; streams hold at most half of the bound in all, so
+    calls always have the other half. Besides, a client's stream messages read and the answers
+    to them not yet sent back are held to that share again (``hold``): its streams pass a
+    message on to Triton while those hold under half the share, and read Triton's next answer
+    while under all of it, so messages never take the room their answers need, and each stream's
+    last answer read is the most it goes over."""
 
     def __init__(self, message_bytes: int, in_all: int, stream_bytes: int) -> None:
         self.message_bytes = message_bytes
@@ -463,10 +464,11 @@ class GrpcCheck:
             await upstream.done_writing()
 
         async def relay() -> None:
+            answered = aiter(upstream)
             try:
                 while True:
                     await hold(0, share - 1)  # room for the next answer, whatever its size
-                    answer = await anext(aiter(upstream), None)
+                    answer = await anext(answered, None)
                     if answer is None:
                         break
                     if sent:
