@@ -28,6 +28,7 @@ from python_backend.common.values import (
     Parser,
     int_at_least,
     number_at_least,
+    number_between,
     one_of,
     parse_bool,
 )
@@ -106,7 +107,7 @@ class Settings:
     )
     class_min_share: float = _setting(
         "0.05",
-        number_at_least(0.0),
+        number_between(0.0, 1.0),
         "a lower class with rows waiting gets at least this share of the engine's recent work",
     )
 
@@ -115,7 +116,7 @@ class Settings:
             classes=self.classes,
             wait_s=self.class_wait_ms / 1000.0,
             recent_s=self.class_recent_ms / 1000.0,
-            min_share=min(self.class_min_share, 1.0),
+            min_share=self.class_min_share,
         )
 
 

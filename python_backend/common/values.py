@@ -28,7 +28,13 @@ def parse_bool(raw: str, name: str) -> bool:
     raise BadValue(f"{name} must be true or false, got {raw!r}")
 
 
-def _at_least(convert: Callable[[str], Any], what: str, minimum: float, empty: Any) -> Parser:
+def _at_least(
+    convert: Callable[[str], Any],
+    what: str,
+    minimum: float,
+    empty: Any,
+    maximum: float = float("inf"),
+) -> Parser:
     def parse(raw: str, name: str) -> Any:
         if raw == "":
             return empty
@@ -38,6 +44,8 @@ def _at_least(convert: Callable[[str], Any], what: str, minimum: float, empty: A
             raise BadValue(f"{name} must be {what}, got {raw!r}") from None
         if not value >= minimum:  # NaN too
             raise BadValue(f"{name} must be >= {minimum:g}, got {value:g}")
+        if value > maximum:
+            raise BadValue(f"{name} must be <= {maximum:g}, got {value:g}")
         return value
 
     return parse
@@ -51,6 +59,11 @@ def int_at_least(minimum: int, empty: int | None = None) -> Parser:
 def number_at_least(minimum: float, empty: float | None = None) -> Parser:
     """A number >= ``minimum``; the empty text gives ``empty`` (None: not set)."""
     return _at_least(float, "a number", minimum, empty)
+
+
+def number_between(minimum: float, maximum: float) -> Parser:
+    """A number in [``minimum``, ``maximum``]."""
+    return _at_least(float, "a number", minimum, None, maximum)
 
 
 def one_of(choices: tuple[str, ...]) -> Parser:

@@ -69,6 +69,8 @@ def test_a_bad_overhead_in_the_environment_is_named(monkeypatch):
         ({"overhead_tokens": "-1"}, "overhead_tokens must be >= 0"),
         ({"overhead_tokens": "lots"}, "overhead_tokens must be a number"),
         ({"planner": "greedy"}, "planner must be dp or per_bucket"),
+        ({"class_min_share": "1.5"}, "class_min_share must be <= 1"),
+        ({"classes": "0"}, "classes must be >= 1"),
     ],
 )
 def test_bad_settings_are_named(values, message):
