@@ -97,6 +97,7 @@ def read_api_keys(path: Path) -> dict[str, str]:
     if lines and lines[-1] == "":
         lines.pop()
     keys: dict[str, str] = {}
+    names: set[str] = set()
     for number, line in enumerate(lines, 1):
         words = [w for w in re.split("[ \t]+", line.removesuffix("\r")) if w]
         if not words or words[0].startswith("#"):
@@ -111,9 +112,9 @@ def read_api_keys(path: Path) -> dict[str, str]:
             raise FrontDoorError(f"{where}: a key is {API_KEY_RULE}")
         if len(words) == 3 and not CLASS_PATTERN.fullmatch(words[2]):
             raise FrontDoorError(f"{where}: a class is a whole number from 1 to 9999")
-        named = {value.split("/")[0] for value in keys.values()}
-        if key in keys or name in named:
+        if key in keys or name in names:
             raise FrontDoorError(f"{where}: {'key' if key in keys else 'name'} given twice")
+        names.add(name)
         keys[key] = "/".join(words[:1] + words[2:])
     return keys
 
