@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.cost_tables import (
-    CostTable,
-)
+from bench.cost_tables import CostTable
 from bench.sim.policies import make_policy
 from python_backend.common.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
+from python_backend.scheduling.policy import ServiceClasses
 from python_backend.scheduling.records import Answer, Request
 from python_backend.scheduling.scheduler import Scheduler
 
@@ -38,10 +37,16 @@ class TimedEngine:
     output_name, output_dim = "EMBEDDING", 1
 
     def __init__(
-        self, layout: BucketLayout, table: CostTable, clock: VirtualClock, server_s_per_row: float
+        self,
+        layout: BucketLayout,
+        table: CostTable,
+        clock: VirtualClock,
+        server_s_per_row: float,
+        arrive: Callable[[], None] = lambda: None,
     ) -> None:
         self.layout, self.table, self.clock = layout, table, clock
         self.server_s_per_row = server_s_per_row
+        self.arrive = arrive  # submits the requests that arrived while a forward ran
         # (rows, padded length, real tokens, when it finished)
         self.forwards: list[tuple[int, int, int, float]] = []
 
@@ -52,10 +57,22 @@ class TimedEngine:
         ran = self.layout.run_batch_size(length, rows)  # a captured size, where graphs exist
         self.clock.now += self.table.seconds(ran, length) + rows * self.server_s_per_row
         self.forwards.append((rows, length, int(attention_mask.sum()), self.clock.now))
+        self.arrive()
         return np.zeros((rows, 1), dtype=np.float32)
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class Load:
+    """Closed-loop clients beside the main load: ``clients`` of them, each sending a request of
+    ``rows`` rows as soon as its last is answered, in class ``priority``, named ``client``."""
+
+    clients: int
+    rows: int = 1
+    priority: int = 1
+    client: str = ""
 
 
 @dataclass
@@ -68,6 +85,7 @@ class Result:
     forwards: int = 0
     rows_per_request: int = 1
     offered_requests: int = 0  # requests that arrived within the measured window
+    beside: Result | None = None  # the load beside it (``Load``), if any
 
     @property
     def rows_per_s(self) -> float:
@@ -107,10 +125,15 @@ def simulate(
     seed: int = 0,
     round_trip_us: float = 0.0,
     rows_per_request: int = 1,
+    priority: int = 1,
+    client: str = "",
+    beside: Load | None = None,
+    classes: ServiceClasses | None = None,
 ) -> Result:
     """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop, rows/s)
     is set. Each request holds ``rows_per_request`` rows, each of its own length; latencies are
-    per request. ``server_us_per_row`` is the server's own time per row at that many rows per
+    per request. The requests are in class ``priority`` of ``classes`` from client ``client``;
+    ``beside``: a second load at the same time (its figures in the result's ``beside``). ``server_us_per_row`` is the server's own time per row at that many rows per
     request (it is mostly per request: `server_time_per_row` measures it at the same size).
     Forwards run on the table's layout: its buckets, its caps, its captured sizes."""
     if (concurrency is None) == (rate is None):
@@ -119,7 +142,7 @@ def simulate(
         raise ValueError("rows_per_request must be >= 1")
     clock = VirtualClock()
     layout = table.layout
-    engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6)
+    engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6, lambda: submit_due())
     # the planner's cost model: the table's own fixed cost in tokens, as calibration would find it
     scheduler = Scheduler(
         engine,
@@ -129,10 +152,16 @@ def simulate(
         max_queue_rows=10**9,
         policy=make_policy(policy),
         clock=clock,
+        classes=classes,
     )
     rng = np.random.default_rng(seed)
     result = Result(policy, seconds, rows_per_request=rows_per_request)
-    arrivals: list[tuple[float, int]] = []  # (time, sequence)
+    # the loads: (rows a request, class, client, result)
+    loads = [(rows_per_request, priority, client, result)]
+    if beside is not None:
+        result.beside = Result(policy, seconds, rows_per_request=beside.rows)
+        loads.append((beside.rows, beside.priority, beside.client, result.beside))
+    arrivals: list[tuple[float, int, int]] = []  # (time, sequence, load)
     sequence = 0
 
     end = warmup_s + seconds
@@ -142,24 +171,26 @@ def simulate(
         that started before it (a whole plan's forwards) may still be running."""
         return warmup_s <= t <= end
 
-    def arrive_at(t: float) -> None:
+    def arrive_at(t: float, load: int = 0) -> None:
         nonlocal sequence
-        heapq.heappush(arrivals, (t, sequence))
+        heapq.heappush(arrivals, (t, sequence, load))
         sequence += 1
         if measured(t):
-            result.offered_requests += 1
+            loads[load][3].offered_requests += 1
 
-    def respond_for(arrived: float) -> Callable[[object], None]:
+    def respond_for(arrived: float, load: int) -> Callable[[object], None]:
         def respond(outcome: object) -> None:
             assert isinstance(outcome, Answer), outcome
             if measured(clock.now):
-                result.latencies_s.append(clock.now - arrived)
-            if concurrency is not None:
+                loads[load][3].latencies_s.append(clock.now - arrived)
+            if concurrency is not None or load > 0:
                 # the answer's way out to the client and the next request's way in
-                arrive_at(clock.now + round_trip_us / 1e6)
+                arrive_at(clock.now + round_trip_us / 1e6, load)
 
         return respond
 
+    for k in range(beside.clients if beside else 0):
+        arrive_at(k * 1e-6, 1)
     if concurrency is not None:
         for k in range(concurrency):
             arrive_at(k * 1e-6)
@@ -181,14 +212,20 @@ def simulate(
         row.setflags(write=False)
         return row
 
-    while clock.now < end:
+    def submit_due() -> None:
+        """Submits every request that has arrived by now, each at its own arrival time."""
         while arrivals and arrivals[0][0] <= clock.now:
-            t, _ = heapq.heappop(arrivals)
-            picks = rng.integers(len(lengths), size=rows_per_request)
+            t, _, load = heapq.heappop(arrivals)
+            rows, priority, client, _ = loads[load]
+            picks = rng.integers(len(lengths), size=rows)
             request_rows = [row_of_length(int(lengths[k])) for k in picks]
             now, clock.now = clock.now, t  # the request's own arrival time
-            scheduler.submit(Request(request_rows, respond_for(t)))
+            respond = respond_for(t, load)
+            scheduler.submit(Request(request_rows, respond, client=client, priority=priority))
             clock.now = now
+
+    while clock.now < end:
+        submit_due()
         wake = scheduler.wake_at
         if scheduler.queued_rows and (wake is None or clock.now >= wake):
             if not scheduler.step(clock.now) and (scheduler.wake_at or math.inf) <= clock.now:
@@ -206,7 +243,8 @@ def simulate(
         if not upcoming:
             break
         clock.now = max(clock.now, min(upcoming))
-    result.seconds = max(1e-9, min(clock.now, end) - warmup_s)
+    for *_, each in loads:
+        each.seconds = max(1e-9, min(clock.now, end) - warmup_s)
     return result
 
 

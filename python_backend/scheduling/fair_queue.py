@@ -218,8 +218,9 @@ class ClassedQueue(Generic[T]):
 
     def take_rows(self, below: int, limit: int) -> tuple[int, list[T]]:
         """Requests of the first class below ``below`` with rows queued, at most ``limit`` rows
-        (``FairQueue.take_rows``), and that class; (0, []) where none waits."""
+        beyond the first, however large (``FairQueue.take_rows``), and that class; (0, [])
+        where none waits."""
         for priority in range(below + 1, self.classes + 1):
             if self.lines[priority - 1].rows:
-                return priority, self.lines[priority - 1].take_rows(limit)
+                return priority, self.lines[priority - 1].take_rows(limit, at_least_one=True)
         return 0, []

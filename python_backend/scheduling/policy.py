@@ -85,7 +85,8 @@ class ServiceClasses:
     """How the scheduler serves classes of requests (``Request.priority``, 1 first).
 
     A step takes the highest class waiting; rows of the next class ride in its forwards where
-    that costs less than a forward of their own (``rides``). While a higher class is waiting or
+    that costs less than their share of a forward of their own (``rides``), making a forward cost
+    at most ``RIDER_COST_FACTOR`` times as much; a request may ride in part. While a higher class is waiting or
     was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
     engine about ``wait_s`` at most (``capped_layout``), and the step yields after any forward
     once a higher class waits. A lower class with rows waiting whose share of the engine's recent
@@ -99,11 +100,21 @@ class ServiceClasses:
     share_window_s: float = 2.0
 
 
-def rides(cost: CostModel, padded_length: int, rows: int, alone_length: int) -> bool:
-    """Whether one more row (padded to ``alone_length`` alone) costs less in a forward of
-    ``rows`` rows at ``padded_length`` than in a forward of its own."""
+# rows of the next class a step takes for each row its forwards have room for: only those no
+# longer than a forward's length ride, the others go back to their line
+RIDER_ROWS_PER_ROOM = 4
+# riders make a forward of a higher class cost at most this many times as much as it did
+RIDER_COST_FACTOR = 2.0
+
+
+def rides(
+    cost: CostModel, padded_length: int, rows: int, alone_length: int, alone_rows: int = 1
+) -> bool:
+    """Whether one more row costs less in a forward of ``rows`` rows at ``padded_length`` than
+    its share of a forward of ``alone_rows`` rows at its own padded length (``alone_length``):
+    the rows of its length that would run with it otherwise."""
     more = cost.cost(rows + 1, padded_length) - cost.cost(rows, padded_length)
-    return more < cost.cost(1, alone_length)
+    return more < cost.cost(alone_rows, alone_length) / alone_rows
 
 
 def capped_layout(

@@ -46,6 +46,8 @@ from python_backend.engines.base import BucketLayout, Engine, pad_rows
 from python_backend.scheduling.fair_queue import ClassedQueue
 from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
 from python_backend.scheduling.policy import (
+    RIDER_COST_FACTOR,
+    RIDER_ROWS_PER_ROOM,
     BudgetLayout,
     Policy,
     QueuedRows,
@@ -133,6 +135,7 @@ class Scheduler:
         self._step_cap: BudgetLayout | None = None  # its capped layout, if capped
         # the next class's requests the step took to ride: answered by the step if it fails
         self._riders: list[Admitted] = []
+        self._partial: list[Admitted] = []  # riders with rows left: queued again after the step
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
         self._served = [0.0] * self.classes.classes
@@ -214,9 +217,10 @@ class Scheduler:
                 self._step_cap = self._cap_for(priority)
                 if self._step_cap is None:
                     collection = self._queue.take(priority)
-                else:  # a few capped forwards' rows: the step yields soon, planning little
+                else:  # rows for about one capped forward per length: the step yields soon,
+                    # and fewer rows would plan forwards part full (measured: bench.fairness)
                     most = max(self._step_cap.max_rows(t) for t in self.layout.lengths)
-                    collection = self._queue.take_rows_of(priority, 2 * most)
+                    collection = self._queue.take_rows_of(priority, len(self.layout.lengths) * most)
             self._wake_at = None
             if collection:
                 self.metrics.queue_depth(len(self._queue))
@@ -245,7 +249,7 @@ class Scheduler:
         With ``overlap`` and not ``finish_last`` (the scheduler thread's loop), the last forward
         may still be in flight when it returns: the next step is planned while it runs."""
         collection = self.take()
-        self._riders = []
+        self._riders, self._partial = [], []
         if not collection:
             return []
         try:
@@ -261,8 +265,10 @@ class Scheduler:
                     self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]
-            if finish_last:
+            if finish_last or self._partial:
                 self.settle()
+            if self._partial:
+                self._requeue_forwards([])
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
@@ -351,13 +357,14 @@ class Scheduler:
         return capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
 
     def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
-        """The next class's requests that might ride in ``forwards``: as many rows as they have
-        room for (none unless the step serves the highest class waiting)."""
+        """The next class's requests that might ride in ``forwards``: rows enough to fill their
+        room (only some ride: those no longer than a forward's length), at least one request;
+        none unless the step serves the highest class waiting."""
         room = sum(max(0, layout.max_rows(f.padded_length) - len(f.rows)) for f in forwards)
         if not self._step_is_top or room <= 0:
             return []
         with self._cond:
-            _, riders = self._queue.take_rows(self._step_priority, room)
+            _, riders = self._queue.take_rows(self._step_priority, RIDER_ROWS_PER_ROOM * room)
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
         return self.admit(riders)
@@ -365,35 +372,47 @@ class Scheduler:
     def _ride(
         self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
     ) -> list[Forward]:
-        """``forwards`` with whole rider requests added where each row costs less than alone;
-        the riders that do not fit are queued again."""
+        """``forwards`` with the riders' rows added where each costs less than alone, longest
+        first; a rider with none placed is queued again now, one with some placed after the
+        step (``_partial``: no row is ever both in flight and queued)."""
         extra: list[list[RowRef]] = [[] for _ in forwards]
+        held = [len(f.rows) for f in forwards]
+        # riders at most double a forward's cost: the step's own rows wait for it
+        most = [RIDER_COST_FACTOR * self.cost.cost(len(f.rows), f.padded_length) for f in forwards]
         back: list[Admitted] = []
+        # the riders' rows at each padded length: the forward they would share otherwise
+        by_length = Counter(
+            self.layout.pad_len(len(owner.request.rows[i]))
+            for owner in riders
+            for i in owner.rows_to_run()
+        )
         for owner in riders:
-            held = [len(f.rows) + len(more) for f, more in zip(forwards, extra, strict=True)]
             placed: list[tuple[int, RowRef]] = []
             for i in sorted(owner.rows_to_run(), key=lambda i: -len(owner.request.rows[i])):
                 row = RowRef(owner, i, len(owner.request.rows[i]))
                 if row.num_tokens > self.layout.longest_row:
-                    break
+                    break  # refused in a step of its own class; it is the longest, none placed
                 alone = self.layout.pad_len(row.num_tokens)
+                sharing = min(by_length[alone], self.layout.max_rows(alone))
                 fits = [
                     k
                     for k, f in enumerate(forwards)
                     if f.padded_length >= alone
                     and held[k] < layout.max_rows(f.padded_length)
-                    and rides(self.cost, f.padded_length, held[k], alone)
+                    and self.cost.cost(held[k] + 1, f.padded_length) <= most[k]
+                    and rides(self.cost, f.padded_length, held[k], alone, sharing)
                 ]
-                if not fits:
-                    break
-                best = min(fits, key=lambda k: forwards[k].padded_length)
-                held[best] += 1
-                placed.append((best, row))
-            else:
-                for k, row in placed:
-                    extra[k].append(row)
+                if fits:
+                    best = min(fits, key=lambda k: forwards[k].padded_length)
+                    held[best] += 1
+                    placed.append((best, row))
+            if not placed:
+                back.append(owner)
                 continue
-            back.append(owner)
+            for k, row in placed:
+                extra[k].append(row)
+            if len(placed) < owner.remaining:
+                self._partial.append(owner)
         if back:
             with self._cond:
                 self._queue_again(back)
@@ -735,9 +754,12 @@ class Scheduler:
             return self._queue.higher_than(self._step_priority)
 
     def _requeue_forwards(self, forwards: list[Forward]) -> None:
-        """The requests with rows in ``forwards`` (not run) back in the queue."""
+        """The requests with rows in ``forwards`` (not run) back in the queue, and the riders
+        with rows left (``_partial``); after every forward they were in has completed."""
         with self._cond:
-            self._queue_again(row.owner for forward in forwards for row in forward.rows)
+            owners = [row.owner for forward in forwards for row in forward.rows]
+            self._queue_again([*owners, *self._partial])
+            self._partial = []
             self.metrics.queue_depth(len(self._queue))
             self._cond.notify()
 

@@ -36,10 +36,16 @@ def test_a_full_queue_refuses_the_lowest_class_over_its_share_first():
 
 
 def test_the_higher_class_runs_first_and_a_lower_request_rides_where_it_costs_less():
-    """Bulk rows ride whole in the interactive forward when one more row there costs less than
-    a forward of its own (a large fixed cost); with none, they wait for their own step."""
+    """Bulk rows ride in the interactive forward when one more row there costs less than its
+    share of a forward of the bulk rows of its length (a large fixed cost); otherwise they wait
+    for their own step. Riders at most double the interactive forward's cost."""
     interactive, bulk = rows_of(60, 1), [rows_of(10, 2, start=100 + 10 * k) for k in range(3)]
-    for overhead, calls in ((64.0, [(7, 64)]), (0.0, [(1, 64), (6, 16)])):
+    for overhead, calls in (
+        (1024.0, [(7, 64)]),  # 1472 units: under twice 1088
+        (300.0, [(6, 64), (1, 16)]),  # a seventh row would pass twice 364: it runs later
+        (64.0, [(1, 64), (6, 16)]),  # 64 units more: the six together cost 160
+        (0.0, [(1, 64), (6, 16)]),
+    ):
         engine = FakeChecksumEngine(layout())
         scheduler = scheduler_for(engine, overhead=overhead)
         answers = Answers()
@@ -53,6 +59,27 @@ def test_the_higher_class_runs_first_and_a_lower_request_rides_where_it_costs_le
         for k, rows in enumerate(bulk):
             assert_answer_matches(answers.by_request[k], rows)
     assert rides(LinearCost(64.0), 64, 1, 16) and not rides(LinearCost(0.0), 64, 1, 16)
+    assert not rides(LinearCost(64.0), 64, 1, 16, alone_rows=6)
+
+
+def test_a_request_rides_in_part_and_runs_the_rest_after_the_step():
+    """The rows of a bulk request short enough ride in the interactive forward; its longer
+    rows stay queued and run in its own class's step, each row once, answered once."""
+    interactive = rows_of(20, 1)
+    bulk = [*rows_of(10, 2, start=100), *rows_of(50, 2, start=200)]
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, overhead=1024.0)
+    answers = Answers()
+    scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+    scheduler.submit(Request(interactive, answers.responder(0)))
+    scheduler.step()
+    assert engine.calls == [(3, 32)] and scheduler.queued_rows == 2
+    assert 1 not in answers.by_request
+    scheduler.step()
+    assert engine.calls == [(3, 32), (2, 64)]
+    assert_answer_matches(answers.by_request[0], interactive)
+    assert_answer_matches(answers.by_request[1], bulk)
+    assert len(answers.by_request) == 2  # a second answer fails in the responder
 
 
 def slow(per_token_s: float):
@@ -170,15 +197,15 @@ def test_stopping_answers_every_class_queued():
     }
 
 
-def test_riders_are_taken_whole_in_turn_and_never_past_the_room():
+def test_riders_are_taken_whole_in_turn_at_least_one_and_never_past_the_room():
     queue: ClassedQueue[str] = ClassedQueue(3, max_rows=100, quantum_rows=64)
-    for k, rows in enumerate((4, 3, 5)):
+    for k, rows in enumerate((4, 3, 5, 2)):
         queue.push(3, "a", f"a{k}", rows)
     queue.push(3, "b", "b0", 2)
     queue.push(1, "c", "c0", 1)
     assert queue.take_rows(1, 9) == (3, ["a0", "b0", "a1"])  # class 2 has none: the next
-    assert queue.take_rows(1, 4) == (3, [])  # a2 (5 rows) does not fit
-    assert queue.take_rows(2, 5) == (3, ["a2"]) and queue.waiting() == [1]
+    assert queue.take_rows(1, 4) == (3, ["a2"])  # 5 rows: the first, however large
+    assert queue.take_rows(2, 5) == (3, ["a3"]) and queue.waiting() == [1]
     assert queue.take_rows(1, 5) == (0, [])
     # a capped step takes at least one request, however large, so it always makes progress
     queue.push(2, "d", "d0", 64)
@@ -208,7 +235,7 @@ def test_an_internal_error_answers_the_riders_too():
             raise RuntimeError("metrics broke")
 
     engine = FakeChecksumEngine(layout())
-    scheduler = scheduler_for(engine, overhead=64.0, metrics=Broken())
+    scheduler = scheduler_for(engine, overhead=1024.0, metrics=Broken())
     answers = Answers()
     scheduler.submit(Request(rows_of(10, 2, start=100), answers.responder(1), priority=2))
     scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
