@@ -193,6 +193,11 @@ def manifest_table(version_dir: Path) -> CostTable:
 
 
 def cost_table(spec: str) -> CostTable:
+    """A table by name (the module's docstring); ``SPEC*F``: that table, every forward F times
+    as long."""
+    spec, _, factor = spec.partition("*")
+    if factor:
+        return scaled_table(cost_table(spec), float(factor))
     kind, _, value = spec.partition(":")
     if kind == "table":
         if value in PUBLISHED_BERT_BASE_FP16_MS or not Path(value).suffix:

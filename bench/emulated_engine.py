@@ -4,8 +4,8 @@ gives for its shape, waiting instead of computing, and returns zeros (its output
 Served by the real Triton server in place of ONNX Runtime, it shows what the server around the
 engine costs when forwards run at GPU speed: with a table of zeros, the most rows/s the server
 sustains is its own ceiling. A bench repository selects it with its own model.py
-(``EMULATED_MODEL_PY``) and the table with its own ``emulated_table.txt`` (``table:a30``, or
-``zero``); the builder never writes either, and ``model_repository/`` never holds them.
+(``EMULATED_MODEL_PY``) and the table with its own ``emulated_table.txt`` (``table:a30``, ``table:a30*20``
+for forwards 20 times as long, or ``zero``); the builder never writes either, and ``model_repository/`` never holds them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,22 @@
-"""A light client beside a heavy one: the queue shared between clients, and service classes.
+"""A bulk flood beside interactive clients: the queue shared between clients, service classes,
+and the peers' batchers at the same loads.
 
-    python -m bench.fairness [--seconds 10] [--rounds 3] [--class-wait-ms 50] [--no-write]
+    python -m bench.fairness [--costs table:a30*20,real] [--seconds 8] [--rounds 3]
+        [--class-wait-ms 50] [--no-write]
 
-planner_dp on the bench-only emulated engine with this machine's own forward times (they sleep as
-long as the real ones took), on a Triton forwarding the client header, over gRPC. The heavy client:
-2 connections, each 2048 rows as 32 requests of 64 at once, back to back (the 4096-row queue full);
-the light client: one closed-loop connection, one row a request. Measured: the light client alone;
-the heavy one alone, beside the light one in its class (the shared queue), and in class 2
-(``priority``), alternating rounds. A refusal (503) counts apart."""
+Served: planner_dp on the real Triton forwarding the client header, over gRPC, on each engine of
+``--costs``: ``manifest``, the bench-only emulated engine with this machine's calibrated forward
+times (they sleep as long as the real ones took); a cost table (``table:a30*20``: the derived
+A30 times, 20 times as long, so that the engine and not this machine's CPU saturates); ``real``,
+ONNX Runtime, make serve's engine. The bulk client: 2 connections, each 2048 rows as 32 requests
+of 64 at once, back to back (the 4096-row queue full); the interactive clients: closed loops,
+one row a request. Phases, alternating rounds: the interactive clients alone, the bulk alone,
+both in one class (round-robin between clients: today without classes), and the bulk in class 2
+(``priority``). A refusal (503) counts apart; the CPU's busy share is measured per phase.
+
+Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
+tables for the project's planner with and without classes, Triton's dynamic batcher with
+priority levels, and a FIFO token-budget batcher (text-embeddings-inference's)."""
 
 from __future__ import annotations
 
@@ -15,145 +24,241 @@ import argparse
 import asyncio
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from bench.cost_tables import cost_table
+from bench.cost_tables import cost_table, gpu_table, read_lengths
 from bench.docs import publish, render
+from bench.emulated_engine import TABLE_FILE
 from bench.errors import reports_errors
-from bench.harness import add_variant, alternating, build_repository, request_rows
-from bench.paths import ROOT
+from bench.harness import (
+    PEER_MODEL_PY,
+    PEER_QUEUE_DELAY_US,
+    add_variant,
+    alternating,
+    build_repository,
+    cpu_times,
+    request_rows,
+)
+from bench.paths import LENGTHS, ROOT
+from bench.sim.run import Load, simulate
+from builder.triton_config import add_model_variant, write_config
 from python_backend.common.contract import CLASS_PARAMETER, CLIENT_PARAMETER
+from python_backend.scheduling.policy import ServiceClasses
 from python_backend.settings import CONFIG_DEFAULTS
 from testkit.prometheus import samples_of, scrape
 from testkit.triton_clients import id_inputs
 from tools.serve import client_forward_args
 from tools.triton_server import TritonServer, free_port
 
-MODEL = "planner_fair"
 BEGIN, END = "<!-- fairness:begin -->", "<!-- fairness:end -->"
 HEAVY_CONNECTIONS, HEAVY_ROWS, CHUNK = 2, 2048, 64
-# (phase, the light client's name or none, the heavy client's class): alternated each round
-PHASES = [("heavy alone", None, 1), ("shared queue", "light", 1), ("classes", "light", 2)]
+LIGHT_CLIENTS = 2
+# (phase, the light clients run, the heavy client's class or 0 for none, on the peer):
+# alternated each round
+PHASES = [
+    ("interactive alone", True, 0, False),
+    ("bulk alone", False, 1, False),
+    ("one class", True, 1, False),
+    ("classes", True, 2, False),
+    ("peer: interactive alone", True, 0, True),
+    ("peer: bulk alone", False, 1, True),
+    ("peer: priority levels", True, 2, True),
+]
+# the simulated loads: interactive clients beside bulk connections of 64-row requests
+SIM_BULK = Load(clients=16, rows=64, client="bulk")
+SIM_ROUND_TRIP_US = 1000.0
+# (label, simulator policy, the bulk's class, class_wait_ms or None for --class-wait-ms): in
+# class 2, the project's classes for the planner (and with the cap a GPU deployment would set);
+# for Triton's priority levels, strict priority (no cap, no share)
+STRICT = ServiceClasses(wait_s=1e9, min_share=0.0)
+SIM_POLICIES = [
+    ("planner, classes", "dp", 2, None),
+    ("planner, classes, `class_wait_ms` 1", "dp", 2, 1.0),
+    ("planner, one class", "dp", 1, None),
+    ("Triton dynamic batcher, priority levels", "dynamic_batcher", 2, None),
+    ("FIFO token budget (TEI)", "token_budget", 1, None),
+]
 
 
-@dataclass(frozen=True)
-class LightPoint:
+@dataclass
+class Point:
     phase: str
-    latencies_ms: list[float]
-    refused: int
-    heavy_rows_s: float = float("nan")  # the heavy client's rows computed a second
+    latencies_ms: list[float] = field(default_factory=list)
+    refused: int = 0
+    heavy_rows_s: list[float] = field(default_factory=list)  # per round
+    cpu_busy: list[float] = field(default_factory=list)  # per round
+    engine_busy: list[float] = field(default_factory=list)  # per round
+    peer: bool = False  # its executions overlap: their seconds are no engine share
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
 
-    def row(self) -> str:
+    def add(self, other: Point) -> None:
+        self.latencies_ms += other.latencies_ms
+        self.refused += other.refused
+        self.heavy_rows_s += other.heavy_rows_s
+        self.cpu_busy += other.cpu_busy
+        self.engine_busy += other.engine_busy
+
+    def heavy(self) -> float:
+        return float(np.mean(self.heavy_rows_s)) if self.heavy_rows_s else float("nan")
+
+    def row(self, engine: str) -> str:
+        spread = (
+            f"{self.heavy():.0f} ({min(self.heavy_rows_s):.0f}-{max(self.heavy_rows_s):.0f})"
+            if self.heavy_rows_s
+            else "-"
+        )
         return (
-            f"| {self.phase} | {len(self.latencies_ms)} | {self.refused} | "
-            f"{self.percentile(50):.1f} | {self.percentile(99):.1f} | {self.heavy_rows_s:.1f} |"
+            f"| {engine} | {self.phase} | {self.percentile(50):.1f} | "
+            f"{self.percentile(99):.1f} | {spread} | "
+            f"{'-' if self.peer else f'{np.mean(self.engine_busy):.0%}'} | "
+            f"{np.mean(self.cpu_busy):.0%} |"
         )
 
 
-async def heavy_connection(url: str, rows: list[np.ndarray], priority: int) -> None:
-    """Sends its rows back to back, in class ``priority``, until cancelled."""
+async def heavy_connection(
+    url: str, model: str, rows: list[np.ndarray], priority: int, peer: bool
+) -> None:
+    """Sends its rows back to back, in class ``priority``, until cancelled: the project's class
+    parameter (as the body check hands it on), or the peer's own request priority."""
     client = grpcaio.InferenceServerClient(url)
     chunks = [id_inputs("grpc", rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
     headers = {CLIENT_PARAMETER: "heavy"}
-    parameters = {CLASS_PARAMETER: priority} if priority > 1 else None
+    named = {"priority": priority} if peer else {}
+    if priority > 1 and not peer:
+        named["parameters"] = {CLASS_PARAMETER: priority}
     try:
         while True:
             await asyncio.gather(
-                *(client.infer(MODEL, c, headers=headers, parameters=parameters) for c in chunks),
+                *(client.infer(model, c, headers=headers, **named) for c in chunks),
                 return_exceptions=True,
             )
     finally:
         await client.close()
 
 
-async def light_loop(
-    url: str, row: np.ndarray, name: str | None, seconds: float
-) -> tuple[list[float], int]:
-    """Latencies (ms) and refusals of ``name``'s closed loop; none (a wait) for None."""
-    if name is None:
-        await asyncio.sleep(seconds)
-        return [], 0
+async def light_loop(url: str, model: str, row: np.ndarray, name: str, seconds: float) -> Point:
+    """One interactive client's closed loop for ``seconds``: its latencies and refusals."""
     client = grpcaio.InferenceServerClient(url)
     inputs = id_inputs("grpc", [row])
-    latencies, refused = [], 0
+    point = Point("")
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
             started = time.perf_counter()
             try:
-                await client.infer(MODEL, inputs, headers={CLIENT_PARAMETER: name})
-                latencies.append((time.perf_counter() - started) * 1e3)
+                await client.infer(model, inputs, headers={CLIENT_PARAMETER: name})
+                point.latencies_ms.append((time.perf_counter() - started) * 1e3)
             except InferenceServerException:
-                refused += 1
+                point.refused += 1
                 await asyncio.sleep(0.01)
     finally:
         await client.close()
-    return latencies, refused
+    return point
 
 
-def rows_computed(metrics_url: str) -> float:
-    """Rows the model's forwards computed (smooth, where answers come a request at a time)."""
-    return sum(s.value for s in samples_of(scrape(metrics_url), "planner_rows_total", model=MODEL))
+def work_done(metrics_url: str, model: str, peer: bool) -> tuple[float, float]:
+    """Rows the model's forwards computed (smooth, where answers come a request at a time), and
+    their seconds; the peer's: rows of the requests it answered (Triton's count, a batch of n
+    counting n) and the seconds its executions took."""
+    samples = scrape(metrics_url)
+    if peer:
+        seconds = samples_of(samples, "nv_inference_compute_infer_duration_us", model=model)
+        rows = samples_of(samples, "nv_inference_count", model=model)
+        return sum(s.value for s in rows), sum(s.value for s in seconds) / 1e6
+    seconds = samples_of(samples, "planner_forward_seconds_sum", model=model)
+    rows = samples_of(samples, "planner_rows_total", model=model)
+    return sum(s.value for s in rows), sum(s.value for s in seconds)
+
+
+def busy_share(before: list[int], after: list[int]) -> float:
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return 1 - (spent[3] + spent[4]) / max(1, sum(spent))  # idle, iowait
 
 
 async def phase(
-    metrics_url: str,
-    url: str,
+    server: TritonServer,
+    model: str,
     rows: list[np.ndarray],
-    light_name: str | None,
+    name: str,
+    light: bool,
+    heavy: int,
     seconds: float,
-    heavy_priority: int = 1,
-) -> tuple[list[float], int, float]:
-    """The light client for ``seconds`` (none if ``light_name`` is None), beside the heavy one
-    in class ``heavy_priority`` (none if 0): the light latencies, refusals, and the heavy rows
-    computed a second (the light client's are one a request)."""
+    peer: bool = False,
+) -> Point:
+    """The interactive clients (if ``light``) for the phase's seconds beside the bulk client in
+    class ``heavy`` (none if 0): their latencies, and the bulk rows computed a second."""
+    metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
     heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
-    heavy = [
-        asyncio.ensure_future(heavy_connection(url, heavy_rows, heavy_priority))
-        for _ in range(HEAVY_CONNECTIONS if heavy_priority else 0)
+    bulk = [
+        asyncio.ensure_future(heavy_connection(server.grpc_url, model, heavy_rows, heavy, peer))
+        for _ in range(HEAVY_CONNECTIONS if heavy else 0)
     ]
-    await asyncio.sleep(2.0 if heavy else 0.0)  # the queue fills first
-    computed, started = rows_computed(metrics_url), time.monotonic()
-    latencies, refused = await light_loop(url, rows[0], light_name, seconds)
-    rows_s = (rows_computed(metrics_url) - computed - len(latencies)) / (time.monotonic() - started)
-    for task in heavy:  # cancelled calls reach the model, which drops their rows unrun
+    await asyncio.sleep(2.0 if bulk else 0.0)  # the queue fills first
+    (computed, busy), started = work_done(metrics, model, peer), time.monotonic()
+    cpu = cpu_times()
+    loops = [
+        light_loop(server.grpc_url, model, rows[k], f"light{k}", seconds)
+        for k in range(LIGHT_CLIENTS if light else 0)
+    ]
+    point = Point(name, peer=peer)
+    for got in await asyncio.gather(*loops, asyncio.sleep(seconds)):
+        if got is not None:
+            point.add(got)
+    point.cpu_busy.append(busy_share(cpu, cpu_times()))
+    now_computed, now_busy = work_done(metrics, model, peer)
+    elapsed = time.monotonic() - started
+    point.engine_busy.append((now_busy - busy) / elapsed)
+    if bulk:
+        point.heavy_rows_s.append((now_computed - computed - len(point.latencies_ms)) / elapsed)
+    for task in bulk:  # cancelled calls reach the model, which drops their rows unrun
         task.cancel()
-    await asyncio.gather(*heavy, return_exceptions=True)
-    if heavy:
+    await asyncio.gather(*bulk, return_exceptions=True)
+    if bulk:
         await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
-    return latencies, refused, rows_s if heavy else float("nan")
+    return point
 
 
-@reports_errors
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repo")
-    parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
-    parser.add_argument("--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"])
-    args = parser.parse_args()
-    repository, _ = build_repository(args.repository, rebuild=False)
+def priority_peer(repository: Path, name: str, table: str | None) -> str:
+    """Triton's dynamic batcher with two priority levels over the same engine (bench.harness's
+    peer): requests of token ids of any length batch together (ragged)."""
+    config = add_model_variant(repository, "planner_dp", name, model_py=PEER_MODEL_PY)
+    config.dynamic_batching.max_queue_delay_microseconds = PEER_QUEUE_DELAY_US
+    config.dynamic_batching.priority_levels = 2
+    config.dynamic_batching.default_priority_level = 1
+    for tensor in config.input:
+        tensor.allow_ragged_batch = tensor.name in ("INPUT_IDS", "ATTENTION_MASK")
+    write_config(config, repository / name)
+    if table is not None:
+        (repository / name / "1" / TABLE_FILE).write_text(table + "\n")
+    return name
+
+
+def served(
+    repository: Path, spec: str, rounds: int, wait_ms: str, seconds: float
+) -> tuple[list[Point], float]:
+    """The phases on one engine, pooled over rounds; and its longest forward (ms)."""
     source = repository / "planner_dp"
-    table = f"manifest:{source}"
-    wait = {"class_wait_ms": args.class_wait_ms}
-    add_variant(repository, "planner_dp", MODEL, table, parameters=wait)
-    forward_s = cost_table(table)
-    layout = forward_s.layout
+    model = "planner_fair_" + "".join(c if c.isalnum() else "_" for c in spec)
+    table = None if spec == "real" else f"manifest:{source}" if spec == "manifest" else spec
+    forward_s = cost_table(table or f"manifest:{source}")
+    # the planner's cost model: the table's fixed cost, as calibration on that engine would find
+    settings = {"class_wait_ms": wait_ms, "overhead_tokens": f"{forward_s.fixed_tokens:.0f}"}
+    if table is not None:  # the emulated engine stands for a GPU: forwards overlap the rest
+        settings["overlap_forwards"] = "on"
+    add_variant(repository, "planner_dp", model, table, parameters=settings)
+    peer = priority_peer(repository, model + "_peer", table)
     longest_ms = 1e3 * max(
-        forward_s.seconds(layout.max_rows(length), length) for length in layout.lengths
+        forward_s.seconds(forward_s.layout.max_rows(t), t) for t in forward_s.layout.lengths
     )
     rows = request_rows(source / "1")
-    s = args.seconds
-    points: list[LightPoint] = []
+    points = {name: Point(name, peer=on_peer) for name, _, _, on_peer in PHASES}
     with tempfile.TemporaryDirectory() as tmp:
         server = TritonServer(
             repository,
@@ -161,50 +266,104 @@ def main() -> int:
             free_port(),
             free_port(),
             log_path=Path(tmp) / "triton.log",
-            extra_args=client_forward_args(),
+            extra_args=[
+                *client_forward_args(),
+                "--model-control-mode=explicit",
+                f"--load-model={model}",
+                f"--load-model={peer}",
+            ],
         )
         with server:
-            url = server.grpc_url
-            metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-            asyncio.run(phase(metrics, url, rows, "light", 2.0, 0))  # warm
-            rounds = [(0, ("alone", "light", 0)), *alternating(PHASES, args.rounds)]
-            for r, (name, light, priority) in rounds:
-                got = asyncio.run(phase(metrics, url, rows, light, s, priority))
-                points.append(LightPoint(name, *got))
-                print(f"round {r + 1}: {points[-1].row()}", flush=True)
-    table_lines = [
-        "| phase | answered | refused (503) | p50 ms | p99 ms | heavy rows/s |",
-        "|---|---|---|---|---|---|",
-        *(p.row() for p in points),
+            for name in (model, peer):
+                asyncio.run(phase(server, name, rows, "warm", True, 1, 2.0, name == peer))
+            for r, (name, light, heavy, on_peer) in alternating(PHASES, rounds):
+                chosen = peer if on_peer else model
+                got = asyncio.run(phase(server, chosen, rows, name, light, heavy, seconds, on_peer))
+                print(f"{spec} round {r + 1}: {got.row(spec)}", flush=True)
+                points[name].add(got)
+    return list(points.values()), longest_ms
+
+
+def simulated(wait_ms: float) -> str:
+    """The simulator's table: each policy's interactive p50/p99 alone and beside the bulk, and
+    the bulk's rows/s alone and beside the interactive clients."""
+    lengths = read_lengths(LENGTHS)
+    lines = [
+        "| GPU table | batcher | interactive p50 / p99 ms alone (engine busy) | beside the bulk | "
+        "bound | bulk rows/s alone | beside the interactive |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for gpu in ("a100", "a30"):
+        table = gpu_table(gpu)
+        full_ms = 1e3 * table.seconds(table.layout.max_batch, table.layout.lengths[-1])
+        for label, policy, bulk_class, wait in SIM_POLICIES:
+            wait = wait_ms if wait is None else wait
+            classes = ServiceClasses(wait_s=wait / 1e3) if policy == "dp" else STRICT
+            bulk = Load(SIM_BULK.clients, SIM_BULK.rows, bulk_class, SIM_BULK.client)
+            run = dict(seconds=5, round_trip_us=SIM_ROUND_TRIP_US, classes=classes)
+            alone = simulate(lengths, table, policy, concurrency=LIGHT_CLIENTS, **run)
+            both = simulate(lengths, table, policy, concurrency=LIGHT_CLIENTS, beside=bulk, **run)
+            bulk_alone = simulate(lengths, table, policy, concurrency=0, beside=bulk, **run)
+            assert both.beside is not None and bulk_alone.beside is not None
+            bound = 2 * alone.percentile_ms(99) + min(full_ms, wait)
+            lines.append(
+                f"| {gpu} | {label} | {alone.percentile_ms(50):.2f} / "
+                f"{alone.percentile_ms(99):.2f} ({alone.busy_s / alone.seconds:.0%}) | "
+                f"{both.percentile_ms(50):.2f} / "
+                f"{both.percentile_ms(99):.2f} | {bound:.2f} | {bulk_alone.beside.rows_per_s:.0f} "
+                f"| {both.beside.rows_per_s:.0f} "
+                f"({both.beside.rows_per_s / bulk_alone.beside.rows_per_s:.2f}) |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
 
-    def pooled(name: str) -> LightPoint:
-        chosen = [p for p in points if p.phase == name]
-        rows_s = float(np.mean([p.heavy_rows_s for p in chosen]))
-        latencies = [x for p in chosen for x in p.latencies_ms]
-        return LightPoint(name, latencies, sum(p.refused for p in chosen), rows_s)
 
-    alone_p99 = points[0].percentile(99)
-    heavy_alone = pooled("heavy alone").heavy_rows_s
-    shared, classes = pooled("shared queue"), pooled("classes")
-    bound = 2 * alone_p99 + longest_ms
+@reports_errors
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--costs", default="table:a30*20,real")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repo")
+    parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
+    parser.add_argument("--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"])
+    args = parser.parse_args()
+    repository, _ = build_repository(args.repository, rebuild=False)
+    sim_table = simulated(float(args.class_wait_ms))
+    lines = [
+        "| engine | phase | interactive p50 ms | p99 ms | bulk rows/s (spread) | engine busy | "
+        "CPU busy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for spec in args.costs.split(","):
+        points, longest_ms = served(repository, spec, args.rounds, args.class_wait_ms, args.seconds)
+        lines += [p.row(spec) for p in points]
+        by = {p.phase: p for p in points}
+        bound = 2 * by["interactive alone"].percentile(99) + min(
+            longest_ms, float(args.class_wait_ms)
+        )
+        classes, peer = by["classes"], by["peer: priority levels"]
+        verdicts.append(
+            f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
+            f"{bound:.1f} ms (one class {by['one class'].percentile(99):.1f}, the peer "
+            f"{peer.percentile(99):.1f}); bulk beside the interactive clients "
+            f"{classes.heavy() / by['bulk alone'].heavy():.2f} of alone with classes "
+            f"({classes.heavy() / peer.heavy():.1f}x the peer's beside its own interactive "
+            f"clients); {sum(p.refused for p in points)} refused"
+        )
     text = render(
         "fairness",
+        costs=args.costs,
         seconds=f"{args.seconds:g}",
         rounds=args.rounds,
-        table="\n".join(table_lines),
-        alone=f"{alone_p99:.1f}",
-        longest=f"{longest_ms:.1f}",
-        bound=f"{bound:.1f}",
-        shared=f"{shared.percentile(99):.1f}",
-        shared_refused=shared.refused,
-        verdict="within" if shared.percentile(99) <= bound else "over",
         wait=args.class_wait_ms,
-        classes=f"{classes.percentile(99):.1f}",
-        classes_p50=f"{classes.percentile(50):.1f}",
-        heavy_alone=f"{heavy_alone:.1f}",
-        heavy_classes=f"{classes.heavy_rows_s / heavy_alone:.2f}",
-        heavy_shared=f"{shared.heavy_rows_s / heavy_alone:.2f}",
+        light=LIGHT_CLIENTS,
+        table="\n".join(lines),
+        verdicts="\n".join(verdicts),
+        sim_bulk=SIM_BULK.clients,
+        round_trip=f"{SIM_ROUND_TRIP_US / 1e3:g}",
+        sim_table=sim_table,
     )
     return publish(text, BEGIN, END, write=not args.no_write)
 

@@ -67,7 +67,6 @@ from bench.harness import (
     token_id_input_data,
     warm_up,
 )
-from bench.owner_alone import cpu_seconds
 from bench.paths import INPUT_DATA, ROOT
 from bench.sim.validation import forward_stats, forwards_between
 from builder.triton_config import add_model_variant
@@ -590,6 +589,14 @@ def variant_label(key: Variant, compared: bool) -> str:
     layout, pinned, code, inputs = key
     parts = [label(layout)] + ["pinned"] * pinned + ["token ids"] * (inputs == "ids")
     return ", ".join(parts + [code] * compared)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a process, all its threads."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def context_switches(pid: int) -> int:

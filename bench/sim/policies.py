@@ -19,7 +19,9 @@ def padded_to_longest(lengths: Sequence[int], members: list[int]) -> Group:
 
 class PeerBatcher(Policy):
     """What the peers' batchers share: batches padded to their longest row, and a failed batch
-    retried row by row at each row's own length."""
+    retried row by row at each row's own length; no request rides in another class's batch."""
+
+    riders = False
 
     def regroup(self, lengths: Sequence[int], layout: PlanLayout, cost: CostModel) -> list[Group]:
         return [padded_to_longest(lengths, [i]) for i in range(len(lengths))]

@@ -47,16 +47,17 @@ class TimedEngine:
         self.layout, self.table, self.clock = layout, table, clock
         self.server_s_per_row = server_s_per_row
         self.arrive = arrive  # submits the requests that arrived while a forward ran
-        # (rows, padded length, real tokens, when it finished)
-        self.forwards: list[tuple[int, int, int, float]] = []
+        # (rows, padded length, real tokens, when it finished, how long it took)
+        self.forwards: list[tuple[int, int, int, float, float]] = []
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         rows, length = input_ids.shape
         if rows > self.layout.max_rows(length):
             raise ValueError(f"{rows} rows at {length} tokens: more than the layout's cap")
         ran = self.layout.run_batch_size(length, rows)  # a captured size, where graphs exist
-        self.clock.now += self.table.seconds(ran, length) + rows * self.server_s_per_row
-        self.forwards.append((rows, length, int(attention_mask.sum()), self.clock.now))
+        took = self.table.seconds(ran, length) + rows * self.server_s_per_row
+        self.clock.now += took
+        self.forwards.append((rows, length, int(attention_mask.sum()), self.clock.now, took))
         self.arrive()
         return np.zeros((rows, 1), dtype=np.float32)
 
@@ -85,6 +86,7 @@ class Result:
     forwards: int = 0
     rows_per_request: int = 1
     offered_requests: int = 0  # requests that arrived within the measured window
+    busy_s: float = 0.0  # the engine's time in forwards within the window (every load's)
     beside: Result | None = None  # the load beside it (``Load``), if any
 
     @property
@@ -153,6 +155,7 @@ def simulate(
         policy=make_policy(policy),
         clock=clock,
         classes=classes,
+        timer=clock,
     )
     rng = np.random.default_rng(seed)
     result = Result(policy, seconds, rows_per_request=rows_per_request)
@@ -230,8 +233,9 @@ def simulate(
         if scheduler.queued_rows and (wake is None or clock.now >= wake):
             if not scheduler.step(clock.now) and (scheduler.wake_at or math.inf) <= clock.now:
                 raise RuntimeError(f"policy {policy} waits for a time already past")
-            for rows, length, real, finished in engine.forwards[forwards_seen:]:
+            for rows, length, real, finished, took in engine.forwards[forwards_seen:]:
                 if measured(finished):
+                    result.busy_s += took
                     result.forwards += 1
                     result.real_tokens += real
                     result.padded_tokens += rows * length

@@ -23,11 +23,12 @@ of a server nobody names. ``ClassedQueue`` keeps one such queue per service clas
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+SCAN_ITEMS = 128  # the most requests ``take_counted`` looks at in one call
 
 
 @dataclass(slots=True)
@@ -150,6 +151,38 @@ class FairQueue(Generic[T]):
                         self._drop(client)
         return taken
 
+    def take_counted(self, limit: int, counted: Callable[[T], int]) -> list[T]:
+        """The requests of which ``counted`` counts rows (those a step can use), each client's
+        oldest first, one a client in turn, until they count ``limit``; the others keep their
+        places. Looks at ``SCAN_ITEMS`` requests at most; deficits are left as they were."""
+        taken: list[T] = []
+        looked = 0
+        next_at = dict.fromkeys(self._turn, 0)  # each line's next request to look at
+        progress = True
+        while limit > 0 and progress:
+            progress = False
+            for client, k in next_at.items():
+                items = self._lines[client].items
+                while k < len(items) and looked < SCAN_ITEMS:
+                    looked += 1
+                    item, rows = items[k]
+                    if useful := counted(item):
+                        del items[k]
+                        self._lines[client].rows -= rows
+                        self.rows -= rows
+                        taken.append(item)
+                        limit -= useful
+                        progress = True
+                        break
+                    k += 1
+                next_at[client] = k
+                if limit <= 0:
+                    break
+        for client in next_at:
+            if not self._lines[client].items:
+                self._drop(client)
+        return taken
+
     def _line(self, client: str) -> _Line[T]:
         line = self._lines.get(client)
         if line is None:
@@ -216,11 +249,18 @@ class ClassedQueue(Generic[T]):
         """At least one request of class ``priority``, at most ``limit`` rows beyond it."""
         return self.lines[priority - 1].take_rows(limit, at_least_one=True)
 
-    def take_rows(self, below: int, limit: int) -> tuple[int, list[T]]:
-        """Requests of the first class below ``below`` with rows queued, at most ``limit`` rows
-        beyond the first, however large (``FairQueue.take_rows``), and that class; (0, [])
-        where none waits."""
+    def take_rows(
+        self, below: int, limit: int, counted: Callable[[T], int] | None = None
+    ) -> tuple[int, list[T]]:
+        """Requests of the first class below ``below`` with rows queued, and that class; (0, [])
+        where none waits. Without ``counted``: whole requests, at most ``limit`` rows beyond the
+        first, however large (``FairQueue.take_rows``). With it: the requests of which it counts
+        rows, until they count ``limit``, the clients in turn, looking at ``SCAN_ITEMS`` at most
+        (``FairQueue.take_counted``)."""
         for priority in range(below + 1, self.classes + 1):
-            if self.lines[priority - 1].rows:
-                return priority, self.lines[priority - 1].take_rows(limit, at_least_one=True)
+            line = self.lines[priority - 1]
+            if line.rows:
+                if counted is None:
+                    return priority, line.take_rows(limit, at_least_one=True)
+                return priority, line.take_counted(limit, counted)
         return 0, []

@@ -44,6 +44,8 @@ class Policy:
     for a fuller collection, a dynamic batcher's max queue delay) is a sibling that overrides
     ``plan`` and returns ``waiting`` rows and a ``wake_at``."""
 
+    riders = True  # a higher class's forwards take the next class's rows (ServiceClasses)
+
     def __init__(self, planner: Planner, name: str = "") -> None:
         self.planner = planner
         self.name = name or getattr(planner, "__name__", "policy")
@@ -100,9 +102,6 @@ class ServiceClasses:
     share_window_s: float = 2.0
 
 
-# rows of the next class a step takes for each row its forwards have room for: only those no
-# longer than a forward's length ride, the others go back to their line
-RIDER_ROWS_PER_ROOM = 4
 # riders make a forward of a higher class cost at most this many times as much as it did
 RIDER_COST_FACTOR = 2.0
 

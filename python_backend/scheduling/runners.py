@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,14 +56,19 @@ class Ran:
 
 
 def run_forward(
-    engine: Engine, forward: Forward, ids: np.ndarray, mask: np.ndarray, vocab_size: int | None
+    engine: Engine,
+    forward: Forward,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    vocab_size: int | None,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> Ran:
-    started = time.perf_counter()
+    started = timer()
     try:
         outputs = run_padded(engine, ids, mask, vocab_size)
     except Exception as err:  # the scheduler splits and retries it
-        return Ran(forward, None, err, time.perf_counter() - started)
-    return Ran(forward, outputs, None, time.perf_counter() - started, finite_rows(outputs))
+        return Ran(forward, None, err, timer() - started)
+    return Ran(forward, outputs, None, timer() - started, finite_rows(outputs))
 
 
 class Runner(Protocol):
@@ -89,14 +95,14 @@ class InlineRunner:
     overlaps = False
     in_flight = False
 
-    def __init__(self, engine: Engine, vocab_size: int | None) -> None:
-        self.engine, self.vocab_size = engine, vocab_size
+    def __init__(self, engine: Engine, vocab_size: int | None, timer: Callable[[], float]) -> None:
+        self.engine, self.vocab_size, self.timer = engine, vocab_size, timer
 
     def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran | None:
         return self.run_now(forward, ids, mask)
 
     def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
-        return run_forward(self.engine, forward, ids, mask, self.vocab_size)
+        return run_forward(self.engine, forward, ids, mask, self.vocab_size, self.timer)
 
     def wait(self) -> Ran | None:
         return None
@@ -108,8 +114,8 @@ class InlineRunner:
 class OverlappedRunner:
     overlaps = True
 
-    def __init__(self, engine: Engine, vocab_size: int | None) -> None:
-        self.engine, self.vocab_size = engine, vocab_size
+    def __init__(self, engine: Engine, vocab_size: int | None, timer: Callable[[], float]) -> None:
+        self.engine, self.vocab_size, self.timer = engine, vocab_size, timer
         self._jobs: queue.SimpleQueue[tuple[Forward, np.ndarray, np.ndarray] | None] = (
             queue.SimpleQueue()
         )
@@ -147,8 +153,14 @@ class OverlappedRunner:
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            self._ran.put(run_forward(self.engine, *job, self.vocab_size))
+            self._ran.put(run_forward(self.engine, *job, self.vocab_size, self.timer))
 
 
-def runner_for(engine: Engine, vocab_size: int | None, overlap: bool) -> Runner:
-    return (OverlappedRunner if overlap else InlineRunner)(engine, vocab_size)
+def runner_for(
+    engine: Engine,
+    vocab_size: int | None,
+    overlap: bool,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Runner:
+    """The runner, timing forwards with ``timer`` (the simulator's: its virtual clock)."""
+    return (OverlappedRunner if overlap else InlineRunner)(engine, vocab_size, timer)

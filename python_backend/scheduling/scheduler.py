@@ -47,7 +47,6 @@ from python_backend.scheduling.fair_queue import ClassedQueue
 from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
 from python_backend.scheduling.policy import (
     RIDER_COST_FACTOR,
-    RIDER_ROWS_PER_ROOM,
     BudgetLayout,
     Policy,
     QueuedRows,
@@ -114,6 +113,7 @@ class Scheduler:
         log: Callable[[str], None] = lambda message: None,
         vocab_size: int | None = None,
         classes: ServiceClasses | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.engine = engine
         self.log = log  # what went wrong with the engine's outputs, for the operator
@@ -158,7 +158,8 @@ class Scheduler:
         # a step ends, so no row is ever both in flight and queued. Ids are checked against
         # ``vocab_size`` again before each forward (a queue owner's fronts decoded them; an id
         # past the vocabulary fails its row alone, through the split below, never the forward)
-        self.runner = runner_for(engine, vocab_size, overlap)
+        # forwards are timed with ``timer`` (the simulator's: its virtual clock)
+        self.runner = runner_for(engine, vocab_size, overlap, timer)
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -357,14 +358,20 @@ class Scheduler:
         return capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
 
     def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
-        """The next class's requests that might ride in ``forwards``: rows enough to fill their
-        room (only some ride: those no longer than a forward's length), at least one request;
-        none unless the step serves the highest class waiting."""
+        """The next class's requests with rows short enough to ride in ``forwards``, as many as
+        their room (passing over requests with none: a line's head that cannot ride never
+        blocks those behind it); none unless the step serves the highest class waiting."""
         room = sum(max(0, layout.max_rows(f.padded_length) - len(f.rows)) for f in forwards)
-        if not self._step_is_top or room <= 0:
+        if not (self._step_is_top and self.policy.riders) or room <= 0:
             return []
+        longest = max(f.padded_length for f in forwards)
+
+        def short_enough(owner: Admitted) -> int:
+            """Its rows no longer than the longest forward: the ones that might ride."""
+            return owner.rows_within(longest)
+
         with self._cond:
-            _, riders = self._queue.take_rows(self._step_priority, RIDER_ROWS_PER_ROOM * room)
+            _, riders = self._queue.take_rows(self._step_priority, room, short_enough)
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
         return self.admit(riders)

@@ -143,3 +143,30 @@ def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
     engine = TimedEngine(layout, synthetic(0.0, 1.0, "per token", layout), clock, 0.0)
     engine.run(np.ones((3, bucket.length), np.int64), np.ones((3, bucket.length), np.int64))
     assert clock.now == pytest.approx(layout.run_batch_size(bucket.length, 3) * bucket.length)
+
+
+def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead():
+    """Interactive clients beside bulk connections: each load obeys Little's law on its own,
+    and with the bulk in class 2 the interactive rows wait less than in one class."""
+    from bench.sim.run import Load
+    from python_backend.scheduling.policy import ServiceClasses
+
+    table = linear_table(1.0, 0.5)
+    runs = {
+        bulk_class: simulate(
+            LENGTHS,
+            table,
+            "dp",
+            concurrency=2,
+            seconds=2,
+            beside=Load(8, 16, bulk_class, "bulk"),
+            classes=ServiceClasses(),
+        )
+        for bulk_class in (1, 2)
+    }
+    for r in runs.values():
+        assert r.beside is not None and r.beside.latencies_s
+        for load, clients in ((r, 2), (r.beside, 8)):
+            requests_s = len(load.latencies_s) / load.seconds
+            assert requests_s * float(np.mean(load.latencies_s)) == pytest.approx(clients, rel=0.1)
+    assert runs[2].percentile_ms(99) < runs[1].percentile_ms(99) / 2

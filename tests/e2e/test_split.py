@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from builder.corpus import corpus_rows
+from python_backend.common.contract import CLASS_PARAMETER
 from testkit.triton_clients import PROTOCOLS, client, infer, infer_error, text_inputs
 from tests.e2e.test_serving import TOLERANCE, metric_samples, request_spans, total
 
@@ -46,6 +47,41 @@ def test_concurrent_requests_through_both_fronts_get_their_own_rows(
         for s in metric_samples(server, "planner_forwards_total", model=MODEL)
     }
     assert owners == {"minilm_split_owner_0_0"}, owners
+
+
+def test_both_classes_cross_from_the_fronts_to_the_owner_each_row_answered(
+    server, tokenizer, reference_model
+):
+    """Requests of two classes through both fronts, the class as the body check hands it on:
+    each answered with its own rows, and the owner counts each class's rows."""
+    texts = corpus_rows(60, seed=31)
+    ids = tokenizer.encode(texts, truncate=True)
+    expected = reference_model(ids)
+    spans = request_spans(len(texts), seed=5)
+
+    def counted() -> dict[str, float]:
+        name = "planner_class_rows_total"
+        return {c: total(server, name, model=MODEL, **{"class": c}) for c in ("1", "2")}
+
+    def send(k: int):
+        a, b = spans[k]
+        protocol = PROTOCOLS[k % 2]
+        parameters = {CLASS_PARAMETER: 2} if k % 3 else None
+        inputs = text_inputs(protocol, texts[a:b])
+        return k, infer(client(server, protocol), MODEL, inputs, parameters=parameters)
+
+    before = counted()
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(send, range(len(spans))))
+    for k, (embedding, _) in results:
+        a, b = spans[k]
+        assert np.abs(embedding - expected[a:b]).max() <= TOLERANCE, f"request {k} got other rows"
+    after = counted()
+    rows = {
+        c: sum(b - a for k, (a, b) in enumerate(spans) if (k % 3 > 0) == (c == "2"))
+        for c in ("1", "2")
+    }
+    assert {c: after[c] - before[c] for c in after} == rows
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -207,6 +207,17 @@ def test_riders_are_taken_whole_in_turn_at_least_one_and_never_past_the_room():
     assert queue.take_rows(1, 4) == (3, ["a2"])  # 5 rows: the first, however large
     assert queue.take_rows(2, 5) == (3, ["a3"]) and queue.waiting() == [1]
     assert queue.take_rows(1, 5) == (0, [])
+    # riders counted by their rows that can ride: a head with none keeps its place, and the
+    # requests behind it are taken
+    for name in ("e0", "e1", "e2"):
+        queue.push(2, "e", name, 4)
+    queue.push(2, "f", "f0", 4)
+    usable = {"e0": 0, "e1": 3, "e2": 5, "f0": 2}
+    assert queue.take_rows(1, 4, usable.__getitem__) == (2, ["e1", "f0"])
+    assert queue.take_rows(1, 9, usable.__getitem__) == (2, ["e2"])
+    assert queue.take_rows(1, 9, usable.__getitem__) == (2, []) and queue.take_rows_of(2, 1) == [
+        "e0"
+    ]
     # a capped step takes at least one request, however large, so it always makes progress
     queue.push(2, "d", "d0", 64)
     queue.push(2, "d", "d1", 1)
