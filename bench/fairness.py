@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -78,9 +79,9 @@ SIM_ROUND_TRIP_US = 1000.0
 STRICT = ServiceClasses(wait_s=1e9, min_share=0.0)
 SIM_POLICIES = [
     ("planner, classes", "dp", 2, None),
-    ("planner, classes, `class_wait_ms` 1", "dp", 2, 1.0),
+    ("planner, classes, wait 1 ms", "dp", 2, 1.0),
     ("planner, one class", "dp", 1, None),
-    ("Triton dynamic batcher, priority levels", "dynamic_batcher", 2, None),
+    ("Triton priority levels", "dynamic_batcher", 2, None),
     ("FIFO token budget (TEI)", "token_budget", 1, None),
 ]
 
@@ -130,7 +131,7 @@ async def heavy_connection(
     client = grpcaio.InferenceServerClient(url)
     chunks = [id_inputs("grpc", rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
     headers = {CLIENT_PARAMETER: "heavy"}
-    named = {"priority": priority} if peer else {}
+    named: dict[str, object] = {"priority": priority} if peer else {}
     if priority > 1 and not peer:
         named["parameters"] = {CLASS_PARAMETER: priority}
     try:
@@ -300,10 +301,18 @@ def simulated(wait_ms: float) -> str:
             wait = wait_ms if wait is None else wait
             classes = ServiceClasses(wait_s=wait / 1e3) if policy == "dp" else STRICT
             bulk = Load(SIM_BULK.clients, SIM_BULK.rows, bulk_class, SIM_BULK.client)
-            run = dict(seconds=5, round_trip_us=SIM_ROUND_TRIP_US, classes=classes)
-            alone = simulate(lengths, table, policy, concurrency=LIGHT_CLIENTS, **run)
-            both = simulate(lengths, table, policy, concurrency=LIGHT_CLIENTS, beside=bulk, **run)
-            bulk_alone = simulate(lengths, table, policy, concurrency=0, beside=bulk, **run)
+            run = functools.partial(
+                simulate,
+                lengths,
+                table,
+                policy,
+                seconds=5,
+                round_trip_us=SIM_ROUND_TRIP_US,
+                classes=classes,
+            )
+            alone = run(concurrency=LIGHT_CLIENTS)
+            both = run(concurrency=LIGHT_CLIENTS, beside=bulk)
+            bulk_alone = run(concurrency=0, beside=bulk)
             assert both.beside is not None and bulk_alone.beside is not None
             bound = 2 * alone.percentile_ms(99) + min(full_ms, wait)
             lines.append(
@@ -345,12 +354,10 @@ def main() -> int:
         )
         classes, peer = by["classes"], by["peer: priority levels"]
         verdicts.append(
-            f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
-            f"{bound:.1f} ms (one class {by['one class'].percentile(99):.1f}, the peer "
-            f"{peer.percentile(99):.1f}); bulk beside the interactive clients "
+            f"- {spec}: p99 bound {bound:.1f} ms; bulk beside the interactive clients "
             f"{classes.heavy() / by['bulk alone'].heavy():.2f} of alone with classes "
-            f"({classes.heavy() / peer.heavy():.1f}x the peer's beside its own interactive "
-            f"clients); {sum(p.refused for p in points)} refused"
+            f"({classes.heavy() / peer.heavy():.1f}x the peer's); "
+            f"{sum(p.refused for p in points)} refused"
         )
     text = render(
         "fairness",
