@@ -1,4 +1,6 @@
-"""python -m openai_api --triton-grpc 127.0.0.1:18001 --listen 127.0.0.1:18003 --model minilm"""
+"""python -m openai_api --triton-grpc 127.0.0.1:18001 --listen 127.0.0.1:18003 --model minilm
+
+The OpenAI routes under /v1, and text-embeddings-inference's (openai_api.tei) beside them."""
 
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", action="append", required=True, help="a served model it answers for (repeatable)"
     )
+    parser.add_argument(
+        "--default-model",
+        help="the model TEI's routes serve (/embed, /rerank, /predict, ..., POST /); "
+        "/models/NAME/... reach any (default: the first --model)",
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for Triton")
     parser.add_argument(
         "--repository",
@@ -44,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         help="token ids one request may hold, all inputs together",
     )
     args = parser.parse_args(argv)
+    if args.default_model is not None and args.default_model not in args.model:
+        parser.error(f"--default-model {args.default_model} is not one of the --model names")
     if args.max_tokens_per_input < 1 or args.max_tokens_per_request < 1:
         parser.error("--max-tokens-per-input and --max-tokens-per-request must be >= 1")
     host, _, port = args.listen.rpartition(":")
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         TritonBackend(args.triton_grpc, args.model, args.timeout_s),
         limits,
         ModelRepository(args.repository),
+        args.default_model,
     )
     uvicorn.run(
         app,

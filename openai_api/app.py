@@ -1,7 +1,8 @@
 """The routes: ``POST /v1/embeddings``, ``POST /v1/rerank``, ``POST /v1/classify``,
 ``GET /v1/models``, ``GET /v1/models/{model}``; ``POST /v1/tokenize``, ``POST /v1/decode`` and
-``GET /v1/info``, answered from the model's own files (``model_files``); and ``GET /health`` for
-the launcher (the front door does not pass it)."""
+``GET /v1/info``, answered from the model's own files (``model_files``); TEI's routes in TEI's
+shapes (``openai_api.tei``), each the same operation as its ``/v1`` route; and ``GET /health``
+for the launcher (the front door does not pass it)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from openai_api import tei
 from openai_api.backend import (
     EMBEDDING_OUTPUT,
     LOGITS_OUTPUT,
     SCORE_OUTPUT,
     ModelInfo,
+    Served,
     TritonBackend,
     callers,
     check_dimensions,
@@ -32,15 +35,22 @@ from openai_api.errors import OpenAIError, bad_request, error_body, model_refusa
 from openai_api.model_files import ModelRepository
 from openai_api.protocol import (
     MAX_INPUTS,
+    ClassifyQuery,
+    DecodeQuery,
+    EmbeddingsQuery,
     InputLimits,
+    RerankQuery,
+    TokenizeQuery,
     classify_response,
     embeddings_response,
     model_card,
     parse_classify,
     parse_decode,
     parse_embeddings,
+    parse_priority,
     parse_rerank,
     parse_tokenize,
+    parse_truncation,
     quantize,
     rerank_response,
     shorten,
@@ -59,6 +69,17 @@ class FastJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# TEI's defaults where they differ from /v1's: /embed normalizes, /tokenize cuts nothing
+TEI_NORMALIZE = {"normalize": True}
+TEI_WHOLE = {"truncate": False}
+TEI_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def class_names(labels: tuple[str, ...], classes: int) -> tuple[str, ...]:
+    """The model's class names, ``LABEL_i`` where it names none (as transformers does)."""
+    return labels or tuple(f"LABEL_{i}" for i in range(classes))
 
 
 async def json_body(request: Request) -> Any:
@@ -115,6 +136,7 @@ def create_app(
     backend: TritonBackend,
     limits: InputLimits | None = None,
     repository: ModelRepository | None = None,
+    default_model: str | None = None,
 ) -> Starlette:
     limits = limits or InputLimits()
     repository = repository or ModelRepository(None)
@@ -124,13 +146,14 @@ def create_app(
         info = await backend.info(name)
         if info.output_name != output:
             raise bad_request(
-                f"model `{info.name}` {refusal} (it answers {info.output_name})", param="model"
+                f"model `{info.name}` {refusal} (it answers {info.output_name})",
+                param="model",
+                code=tei.WRONG_MODEL,
             )
         return info
 
-    async def embeddings(request: Request) -> Response:
-        started = time.perf_counter()
-        query = parse_embeddings(await json_body(request), limits)
+    async def embedded(request: Request, query: EmbeddingsQuery) -> tuple[Any, Served]:
+        """The query's vectors, shortened and quantized as it asks, and what the model served."""
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         ranges = None
@@ -159,17 +182,20 @@ def create_app(
                     else True
                 )
             vectors = shorten(vectors, query.dimensions, normalized)
-        vectors = quantize(vectors, query.embedding_type, ranges)
+        return quantize(vectors, query.embedding_type, ranges), served
+
+    async def embeddings(request: Request) -> Response:
+        started = time.perf_counter()
+        query = parse_embeddings(await json_body(request), limits)
+        vectors, served = await embedded(request, query)
         return FastJSONResponse(
             embeddings_response(query.model, vectors, query.encoding_format, served.tokens),
             headers=served.headers(started),
         )
 
-    async def rerank(request: Request) -> Response:
-        started = time.perf_counter()
-        query = parse_rerank(await json_body(request), limits)
+    async def reranked(request: Request, query: RerankQuery) -> Served:
         info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
-        served = await unless_disconnected(
+        return await unless_disconnected(
             request,
             backend.rerank(
                 info,
@@ -180,6 +206,11 @@ def create_app(
                 query.priority,
             ),
         )
+
+    async def rerank(request: Request) -> Response:
+        started = time.perf_counter()
+        query = parse_rerank(await json_body(request), limits)
+        served = await reranked(request, query)
         return FastJSONResponse(
             rerank_response(query, served.outputs[:, 0], served.tokens),
             headers=served.headers(started),
@@ -197,9 +228,8 @@ def create_app(
             )
         return ranges
 
-    async def classify(request: Request) -> Response:
-        started = time.perf_counter()
-        query = parse_classify(await json_body(request), limits)
+    async def classified(request: Request, query: ClassifyQuery) -> tuple[Served, tuple[str, ...]]:
+        """The model's logits for each input, and its class names."""
         info = await model_serving(query.model, LOGITS_OUTPUT, "does not classify")
         labels: tuple[str, ...] = ()
         if repository.root is not None:
@@ -208,6 +238,7 @@ def create_app(
                 raise bad_request(
                     f"model `{info.name}` is a {manifest.family} model, not a classifier",
                     param="model",
+                    code=tei.WRONG_MODEL,
                 )
             labels = manifest.labels
         served = await unless_disconnected(
@@ -221,13 +252,21 @@ def create_app(
                 priority=query.priority,
             ),
         )
+        return served, labels
+
+    async def classify(request: Request) -> Response:
+        started = time.perf_counter()
+        query = parse_classify(await json_body(request), limits)
+        served, labels = await classified(request, query)
         return FastJSONResponse(
             classify_response(query.model, served.outputs, labels, served.tokens, int(time.time())),
             headers=served.headers(started),
         )
 
     async def tokenize(request: Request) -> Response:
-        query = parse_tokenize(await json_body(request), limits)
+        return FastJSONResponse(await tokens(parse_tokenize(await json_body(request), limits)))
+
+    async def tokens(query: TokenizeQuery) -> list[Any]:
         info = await backend.info(query.model)
         files = repository.files(info.name)
         try:
@@ -254,10 +293,12 @@ def create_app(
             query.truncation.side or TRUNCATION_SIDES[0],
             prompt,
         )
-        return FastJSONResponse(tokens_response(rows, query.add_special_tokens))
+        return tokens_response(rows, query.add_special_tokens)
 
     async def decode(request: Request) -> Response:
-        query = parse_decode(await json_body(request), limits)
+        return FastJSONResponse(await decoded(parse_decode(await json_body(request), limits)))
+
+    async def decoded(query: DecodeQuery) -> list[str]:
         info = await backend.info(query.model)
         files = repository.files(info.name)
         vocab = files.manifest.vocab_size
@@ -268,10 +309,9 @@ def create_app(
                     f"`ids[{i}]` holds the token id {bad}; this model's ids lie in [0, {vocab})",
                     param="ids",
                 )
-        texts = await asyncio.to_thread(
-            files.tokenizer.decode, query.rows, query.skip_special_tokens
+        return list(
+            await asyncio.to_thread(files.tokenizer.decode, query.rows, query.skip_special_tokens)
         )
-        return FastJSONResponse(texts)
 
     async def model_info(request: Request) -> Response:
         name = request.query_params.get("model")
@@ -283,37 +323,124 @@ def create_app(
                     param="model",
                 )
             name = backend.models[0]
+        return FastJSONResponse(await info_of(name))
+
+    async def info_of(name: str) -> dict[str, Any]:
+        """The model's facts in TEI's ``/info`` shape, and this project's beside them."""
         info = await backend.info(name)
         files = repository.files(info.name)
         manifest = files.manifest
         family: dict[str, Any] = {}
         if manifest.family == "embedding":
             family = {"pooling": manifest.source.get("pooling"), "dimension": info.output_dim}
-        elif manifest.labels or manifest.family == "classifier":
-            labels = manifest.labels or tuple(f"LABEL_{i}" for i in range(info.output_dim))
-            family = {"id2label": {str(i): label for i, label in enumerate(labels)}}
-        return FastJSONResponse(
-            {
-                "model_id": info.name,
-                "model_type": {manifest.family: family},
-                "family": manifest.family,
-                "max_input_length": files.longest_row,
-                "max_client_batch_size": MAX_INPUTS,
-                "max_rows_per_request": info.max_rows,
-                "max_tokens_per_input": limits.max_tokens_per_input,
-                "max_tokens_per_request": limits.max_tokens_per_request,
-                "buckets": [b.length for b in manifest.buckets],
-                "max_batch_rows": manifest.max_batch,
-                "truncate_default": info.truncate_default,
-                "prompts": sorted(manifest.prompts),
-                "normalize": manifest.normalize,
-                # int8 and uint8 vectors are cut from these (min, max) per dimension
-                "quantization_ranges": manifest.quantization_ranges,
-                "engine": manifest.engine_kind,
-                "precision": manifest.precision,
-                "version": project_version(),
+        elif manifest.labels or manifest.family in ("classifier", "reranker"):
+            labels = class_names(manifest.labels, info.output_dim)
+            family = {
+                "id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)},
             }
+        return {
+            "model_id": info.name,
+            "served_model_name": info.name,
+            "model_sha": None,
+            "model_dtype": TEI_DTYPES.get(manifest.precision, manifest.precision),
+            "model_type": {manifest.family: family},
+            "family": manifest.family,
+            "max_input_length": files.longest_row,
+            "max_client_batch_size": MAX_INPUTS,
+            "max_batch_requests": manifest.max_batch,
+            "auto_truncate": info.truncate_default,
+            "max_rows_per_request": info.max_rows,
+            "max_tokens_per_input": limits.max_tokens_per_input,
+            "max_tokens_per_request": limits.max_tokens_per_request,
+            "buckets": [b.length for b in manifest.buckets],
+            "max_batch_rows": manifest.max_batch,
+            "truncate_default": info.truncate_default,
+            "prompts": sorted(manifest.prompts),
+            "normalize": manifest.normalize,
+            # int8 and uint8 vectors are cut from these (min, max) per dimension
+            "quantization_ranges": manifest.quantization_ranges,
+            "engine": manifest.engine_kind,
+            "precision": manifest.precision,
+            "version": project_version(),
+            "sha": None,
+            "docker_label": None,
+        }
+
+    # -- TEI's routes (openai_api.tei): the same operations, in TEI's shapes ----------------------
+
+    def tei_model(request: Request) -> str:
+        """The route's model; the bare routes serve the default one (the first served)."""
+        return str(request.path_params.get("model") or default_model or backend.models[0])
+
+    async def tei_embed(request: Request) -> Response:
+        started = time.perf_counter()
+        with tei.named_as_sent("embed"):
+            body = await json_body(request)
+            # TEI normalizes unless told not to (quantized types are cut from the model's own)
+            defaults = {} if isinstance(body, dict) and "embedding_type" in body else TEI_NORMALIZE
+            query = parse_embeddings(tei.as_v1(body, tei_model(request), "embed", defaults), limits)
+            vectors, served = await embedded(request, query)
+        return FastJSONResponse(vectors, headers=served.headers(started))
+
+    async def tei_rerank(request: Request) -> Response:
+        started = time.perf_counter()
+        with tei.named_as_sent("rerank"):
+            body = tei.as_v1(await json_body(request), tei_model(request), "rerank")
+            query = parse_rerank(body, limits)
+            served = await reranked(request, query)
+        return FastJSONResponse(
+            tei.rerank_response(query, served.outputs[:, 0]), headers=served.headers(started)
         )
+
+    async def tei_predict(request: Request) -> Response:
+        """A classifier's classes for texts, or a reranker's score for (text, text) pairs."""
+        started = time.perf_counter()
+        model = tei_model(request)
+        with tei.named_as_sent("predict"):
+            body = await json_body(request)
+            inputs = tei.parse_predict(body, MAX_INPUTS, limits)
+            v1 = tei.as_v1(body, model, "predict")
+            if inputs.pairs:
+                info = await model_serving(model, SCORE_OUTPUT, "scores single texts, not pairs")
+                served = await unless_disconnected(
+                    request,
+                    backend.rerank(
+                        info,
+                        [row[0] for row in inputs.rows],
+                        [row[1] for row in inputs.rows],
+                        caller_of(request),
+                        parse_truncation(v1),
+                        parse_priority(v1),
+                    ),
+                )
+                labels = repository.files(model).manifest.labels if repository.root else ()
+            else:
+                v1["input"] = [row[0] for row in inputs.rows]
+                served, labels = await classified(request, parse_classify(v1, limits))
+        return FastJSONResponse(
+            tei.predictions(served.outputs, labels, inputs.raw_scores, inputs.single),
+            headers=served.headers(started),
+        )
+
+    async def tei_tokenize(request: Request) -> Response:
+        with tei.named_as_sent("tokenize"):
+            body = tei.as_v1(await json_body(request), tei_model(request), "tokenize", TEI_WHOLE)
+            return FastJSONResponse(await tokens(parse_tokenize(body, limits)))
+
+    async def tei_decode(request: Request) -> Response:
+        with tei.named_as_sent("decode"):
+            body = tei.as_v1(await json_body(request), tei_model(request), "decode")
+            return FastJSONResponse(await decoded(parse_decode(body, limits)))
+
+    async def tei_info(request: Request) -> Response:
+        return FastJSONResponse(await info_of(tei_model(request)))
+
+    async def tei_root(request: Request) -> Response:
+        """``POST /``: what TEI answers there for the model's kind."""
+        info = await backend.info(tei_model(request))
+        route = {EMBEDDING_OUTPUT: tei_embed, SCORE_OUTPUT: tei_rerank}.get(info.output_name)
+        return await (route or tei_predict)(request)
 
     async def models(request: Request) -> Response:
         ready = await backend.ready_models()
@@ -330,6 +457,9 @@ def create_app(
 
     async def openai_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, OpenAIError)
+        if tei.is_tei(request.url.path):
+            status, body = tei.error(exc)
+            return JSONResponse(body, status_code=status)
         return JSONResponse(exc.body(), status_code=exc.status)
 
     async def client_gone(request: Request, exc: Exception) -> Response:
@@ -339,21 +469,23 @@ def create_app(
     async def unexpected(request: Request, exc: Exception) -> Response:
         # the client reads no exception text (it may hold the adapter's internals): the log does
         LOG.error("internal error on %s", request.url.path, exc_info=exc)
-        return JSONResponse(
-            error_body("internal error: the adapter's log says why", kind="server_error"),
-            status_code=500,
-        )
+        return refusal(request, 500, "internal error: the adapter's log says why", "server_error")
+
+    def refusal(request: Request, status: int, message: str, kind: str) -> Response:
+        """An error the adapter itself answers, in the shape of the route's API."""
+        if tei.is_tei(request.url.path):
+            return JSONResponse(
+                tei.body(message, "Backend" if status >= 500 else "Validation"), status
+            )
+        return JSONResponse(error_body(message, kind=kind), status_code=status)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            error_body(f"no route {request.method} {request.url.path}"), status_code=404
-        )
+        message = f"no route {request.method} {request.url.path}"
+        return refusal(request, 404, message, "invalid_request_error")
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            error_body(f"method {request.method} is not allowed on {request.url.path}"),
-            status_code=405,
-        )
+        message = f"method {request.method} is not allowed on {request.url.path}"
+        return refusal(request, 405, message, "invalid_request_error")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -378,6 +510,20 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            *(
+                Route(prefix + path, endpoint, methods=[method])
+                for prefix in ("", "/models/{model}")
+                for path, endpoint, method in (
+                    ("/embed", tei_embed, "POST"),
+                    ("/rerank", tei_rerank, "POST"),
+                    ("/predict", tei_predict, "POST"),
+                    ("/tokenize", tei_tokenize, "POST"),
+                    ("/decode", tei_decode, "POST"),
+                    ("/info", tei_info, "GET"),
+                )
+            ),
+            Route("/", tei_root, methods=["POST"]),
+            Route("/models/{model}", tei_root, methods=["POST"]),
         ],
         exception_handlers=handlers,
         lifespan=lifespan,

@@ -234,20 +234,22 @@ class TritonBackend:
     async def rerank(
         self,
         info: ModelInfo,
-        query: str,
+        query: str | list[str],
         documents: list[str],
         caller: Mapping[str, str] = NO_CALLER,
         truncation: Truncation = MODEL_DEFAULT,
         priority: int = 0,
     ) -> Served:
         """The score of (query, document) for each document, in their order ([documents, 1]),
-        the tokens and where the time went."""
+        the tokens and where the time went; ``query``: one for every document, or each its own."""
         parameters = {**truncation.parameters(), **class_parameter(priority)}
+        queries = [query] * len(documents) if isinstance(query, str) else query
         # each chunk carries the query once per document: Triton's core refuses a request whose
         # batched inputs differ in rows, so a one-row query cannot pair with many documents.
         # What those copies take is bounded instead: chunks run at most as many at once as fit
         # RERANK_QUERY_BYTES_IN_FLIGHT (all of them for a short query)
-        chunk_bytes = len(query.encode("utf-8", "surrogatepass")) * info.max_rows
+        longest = max(len(q.encode("utf-8", "surrogatepass")) for q in set(queries))
+        chunk_bytes = longest * info.max_rows
         at_once = asyncio.Semaphore(max(1, RERANK_QUERY_BYTES_IN_FLIGHT // max(1, chunk_bytes)))
 
         async def chunk(a: int) -> Served:
@@ -259,7 +261,7 @@ class TritonBackend:
                     list(range(a, min(a + info.max_rows, len(documents)))),
                     parameters,
                     caller,
-                    query,
+                    queries[a : a + info.max_rows],
                     inputs_field="documents",
                 )
 
@@ -274,18 +276,19 @@ class TritonBackend:
         positions: list[int],
         parameters: dict[str, Any] | None = None,
         caller: Mapping[str, str] = NO_CALLER,
-        query: str | None = None,
+        queries: list[str] | None = None,
         inputs_field: str = "input",
     ) -> Served:
-        """One request of ``rows``: texts, or token-id rows; with ``query``, a reranker's
+        """One request of ``rows``: texts, or token-id rows; with ``queries``, a reranker's
         (query, document) pairs, the rows being the documents. ``positions``: each row's index
         among the request's inputs, to name it in an error."""
         text_name, ids_name, mask_name = REQUEST_INPUTS
         if as_text:
             columns = [(text_name, [t.encode("utf-8") for t in rows])]
-            if query is not None:  # a reranker's (query, document) pairs; the query encoded once
+            if queries is not None:  # a reranker's (query, document) pairs; each query encoded once
+                once = {q: q.encode("utf-8") for q in set(queries)}
                 columns = [
-                    (text_name, [query.encode("utf-8")] * len(rows)),
+                    (text_name, [once[q] for q in queries]),
                     (PAIR_INPUT, columns[0][1]),
                 ]
             inputs = []
@@ -329,7 +332,7 @@ class TritonBackend:
                 row, tokens, limit = (int(x) for x in too_long.groups())
                 raise bad_request(
                     f"`{inputs_field}[{positions[row]}]` is {tokens} tokens; the model's limit is "
-                    f"{limit} (`truncate` END or START cuts it)",
+                    f"{limit} (`truncate` cuts it)",
                     param=inputs_field,
                 ) from None
             raise from_triton(err.status(), err.message(), inputs_named(positions)) from None

@@ -171,7 +171,7 @@ def _check_token_rows(rows: list[list[int]], limits: InputLimits) -> None:
         )
 
 
-def _check_text_size(text: str, where: str, param: str, limits: InputLimits) -> None:
+def check_text_size(text: str, where: str, param: str, limits: InputLimits) -> None:
     # a character is at most 4 UTF-8 bytes: only a long text needs encoding to count
     if len(text) * 4 > limits.max_text_bytes_per_input:
         size = len(text.encode("utf-8", "surrogatepass"))
@@ -215,7 +215,7 @@ def parse_inputs(
         for i, text in enumerate(texts):
             if not text:
                 raise bad_request(f"`input[{i}]` is an empty string", param="input")
-            _check_text_size(text, f"input[{i}]", "input", limits)
+            check_text_size(text, f"input[{i}]", "input", limits)
     if token_rows is not None:
         _check_token_rows(token_rows, limits)
     return texts, token_rows
@@ -368,7 +368,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise bad_request("`query` must be a non-empty string", param="query")
-    _check_text_size(query, "query", "query", limits)
+    check_text_size(query, "query", "query", limits)
     if "documents" in body and "texts" in body:
         raise bad_request("send `documents` or `texts`, not both", param="documents")
     param = "texts" if "texts" in body else "documents"
@@ -380,7 +380,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
         text = doc.get("text") if isinstance(doc, dict) else doc  # Cohere: {"text": ...}
         if not isinstance(text, str) or not text.strip():
             raise bad_request(f"`{param}[{i}]` must be a non-empty string", param=param)
-        _check_text_size(text, f"{param}[{i}]", param, limits)
+        check_text_size(text, f"{param}[{i}]", param, limits)
         documents.append(text)
     if len(documents) > MAX_INPUTS:
         raise bad_request(
@@ -407,13 +407,19 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
     )
 
 
-def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
-    """Results sorted by score, best first, each with its index in the request."""
+def ranked(query: RerankQuery, logits: np.ndarray) -> list[tuple[int, float]]:
+    """(document index, score), best first, ``top_n`` of them: the score is the logit with
+    ``raw_scores``, else its sigmoid."""
     scores = logits if query.raw_scores else 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
     order = np.argsort(-scores, kind="stable")[: query.top_n]
+    return [(int(i), float(scores[i])) for i in order]
+
+
+def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
+    """Results sorted by score, best first, each with its index in the request."""
     results = []
-    for i in order:
-        result: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+    for i, score in ranked(query, logits):
+        result: dict[str, Any] = {"index": i, "relevance_score": score}
         if query.return_documents:
             result["document"] = {"text": query.documents[i]}
         results.append(result)
@@ -509,7 +515,7 @@ def parse_tokenize(body: Any, limits: InputLimits | None = None) -> TokenizeQuer
     if len(texts) > MAX_INPUTS:
         raise bad_request(f"`inputs` has {len(texts)} items; at most {MAX_INPUTS}", param="inputs")
     for i, text in enumerate(texts):
-        _check_text_size(text, f"inputs[{i}]", "inputs", limits)
+        check_text_size(text, f"inputs[{i}]", "inputs", limits)
     return TokenizeQuery(
         model,
         list(texts),

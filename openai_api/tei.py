@@ -1,0 +1,195 @@
+"""text-embeddings-inference's routes, in TEI's shapes: ``POST /embed``, ``/rerank``, ``/predict``,
+``/tokenize``, ``/decode``, ``GET /info``, and ``POST /`` answering as TEI does for the model's
+kind; each also under ``/models/{model}`` (the bare routes serve the adapter's default model).
+
+Each TEI body is read by the ``/v1`` route's own parser after its TEI field names are put in
+``/v1``'s (``inputs`` is ``input``, ``truncation_direction`` is ``truncation_side``,
+``return_text`` is ``return_documents``), and an error names the field as the client sent it:
+one reading of every field, two spellings. Errors answer as TEI does: ``{"error", "error_type"}``
+with 422 for a field the request got wrong, 424 for a model that does not do what the route asks,
+429 for a full queue, 503 while the model is unavailable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from openai_api.errors import OpenAIError, bad_request
+from openai_api.protocol import InputLimits, RerankQuery, check_text_size, ranked
+
+# TEI's field name -> the /v1 field that reads it, per route
+RENAMES: dict[str, dict[str, str]] = {
+    "embed": {"inputs": "input", "truncation_direction": "truncation_side"},
+    "rerank": {"truncation_direction": "truncation_side", "return_text": "return_documents"},
+    "predict": {"inputs": "input", "truncation_direction": "truncation_side"},
+    "tokenize": {},
+    "decode": {},
+}
+# TEI's request shapes spell directions either way (serde aliases)
+DIRECTIONS = {"Left": "left", "Right": "right", "left": "left", "right": "right"}
+# a refusal of the /v1 parser that says the model is of another kind: TEI's 424
+WRONG_MODEL = "wrong_model"
+
+
+def is_tei(path: str) -> bool:
+    """Whether the adapter answers ``path`` in TEI's shapes (every route but /v1's and /health)."""
+    return not path.startswith("/v1/") and path != "/health"
+
+
+def as_v1(body: Any, model: str, route: str, defaults: dict[str, Any] | None = None) -> dict:
+    """The TEI ``body`` with ``/v1``'s field names and the route's ``model`` (TEI's bodies name
+    none); ``defaults``: TEI's defaults where they differ from ``/v1``'s."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    renames = RENAMES[route]
+    out = {k: v for k, v in body.items() if k not in renames.values()}
+    for tei_name, v1_name in renames.items():
+        if tei_name in out:
+            out[v1_name] = out.pop(tei_name)
+    if route == "rerank":
+        out.setdefault("texts", None)  # TEI's name for the documents, when it sends neither
+    side = out.get("truncation_side")
+    if isinstance(side, str) and side in DIRECTIONS:
+        out["truncation_side"] = DIRECTIONS[side]
+    for name, value in (defaults or {}).items():
+        if out.get(name) is None:
+            out[name] = value
+    out["model"] = model
+    return out
+
+
+@contextmanager
+def named_as_sent(route: str) -> Iterator[None]:
+    """Errors raised inside name the TEI field the client sent, not its ``/v1`` spelling."""
+    try:
+        yield
+    except OpenAIError as err:
+        for tei_name, v1_name in RENAMES[route].items():
+            if err.param == v1_name:
+                err.param = tei_name
+            err.message = re.sub(rf"`{v1_name}(?=[`\[ ])", f"`{tei_name}", err.message)
+        raise
+
+
+# OpenAI-shaped refusals -> TEI's status and error_type
+def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
+    """TEI's answer for an error the adapter raised: its status and ``{error, error_type}``."""
+    if err.code == WRONG_MODEL or err.status == 500:
+        status, kind = 424, "Backend"  # TEI: the model cannot do it, or inference failed
+    elif err.status == 400:
+        status, kind = 422, "Validation"
+    elif err.status == 503 and err.code == "overloaded":
+        status, kind = 429, "Overloaded"
+    elif err.status == 503:
+        status, kind = 503, "Unhealthy"
+    elif err.status >= 500:
+        status, kind = err.status, "Backend"
+    else:
+        status, kind = err.status, "Validation"
+    return status, body(err.message, kind)
+
+
+def body(message: str, kind: str) -> dict[str, str]:
+    return {"error": message, "error_type": kind}
+
+
+def rerank_response(query: RerankQuery, logits: np.ndarray) -> list[dict[str, Any]]:
+    """TEI's ranks: best first, each with its index (and its text with ``return_text``)."""
+    out = []
+    for i, score in ranked(query, logits):
+        rank: dict[str, Any] = {"index": i, "score": score}
+        if query.return_documents:
+            rank["text"] = query.documents[i]
+        out.append(rank)
+    return out
+
+
+@dataclass(frozen=True)
+class PredictInputs:
+    """``/predict``'s inputs: each a text or a (text, text) pair; ``single``: the request sent
+    one (answered as one list of predictions, not a list of them); ``raw_scores``: the logits,
+    not their sigmoid or softmax."""
+
+    rows: list[tuple[str, ...]]
+    single: bool
+    raw_scores: bool = False
+
+    @property
+    def pairs(self) -> bool:
+        return len(self.rows[0]) == 2
+
+
+PREDICT_SHAPE = (
+    "`inputs` must be a string, a pair of strings [string, string], or a batch of them "
+    "[[string], [string, string], ...]"
+)
+
+
+def parse_predict(body: Any, max_inputs: int, limits: InputLimits) -> PredictInputs:
+    """TEI's ``inputs`` of ``/predict``: one sequence, or a batch; every sequence of a request
+    is a text, or every one a pair (a model takes one or the other)."""
+    raw = body.get("inputs") if isinstance(body, dict) else None
+    rows: list[tuple[str, ...]]
+    if isinstance(raw, str):
+        rows, single = [(raw,)], True
+    elif isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
+        if len(raw) > 2:
+            raise bad_request(PREDICT_SHAPE, param="inputs")
+        rows, single = [tuple(raw)], True
+    elif isinstance(raw, list) and raw and all(isinstance(x, list) for x in raw):
+        if len(raw) > max_inputs:
+            raise bad_request(f"`inputs` has {len(raw)} items; at most {max_inputs}", "inputs")
+        for i, x in enumerate(raw):
+            if not 1 <= len(x) <= 2 or not all(isinstance(t, str) for t in x):
+                raise bad_request(f"`inputs[{i}]`: {PREDICT_SHAPE[9:]}", param="inputs")
+        rows, single = [tuple(x) for x in raw], False
+    else:
+        raise bad_request(PREDICT_SHAPE, param="inputs")
+    for i, row in enumerate(rows):
+        for j, text in enumerate(row):
+            where = (
+                f"inputs[{i}][{j}]" if not single else "inputs" if len(row) == 1 else f"inputs[{j}]"
+            )
+            if not text.strip():
+                raise bad_request(f"`{where}` is an empty string", param="inputs")
+            check_text_size(text, where, "inputs", limits)
+    if len({len(r) for r in rows}) > 1:
+        raise bad_request(
+            "`inputs` mixes texts and pairs: send one kind in a request", param="inputs"
+        )
+    raw_scores = body.get("raw_scores", False)
+    if not isinstance(raw_scores, bool):
+        raise bad_request("`raw_scores` must be true or false", param="raw_scores")
+    return PredictInputs(rows, single, raw_scores)
+
+
+def predictions(
+    logits: np.ndarray, labels: tuple[str, ...], raw_scores: bool, single: bool
+) -> list[Any]:
+    """TEI's predictions: per input, every class's score, best first, named by the model's
+    labels (``LABEL_i`` where it names none); the scores are the logits with ``raw_scores``, else
+    a sigmoid for a one-class model and a softmax for several, as TEI applies them."""
+    z = logits.astype(np.float64)
+    if raw_scores:
+        scores = z
+    elif z.shape[1] == 1:
+        scores = 1.0 / (1.0 + np.exp(-z))
+    else:
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        scores = e / e.sum(axis=1, keepdims=True)
+    out = []
+    for row in scores:
+        order = np.argsort(-row, kind="stable")
+        out.append(
+            [
+                {"score": float(row[c]), "label": labels[c] if c < len(labels) else f"LABEL_{c}"}
+                for c in order
+            ]
+        )
+    return out[0] if single else out

@@ -1,0 +1,222 @@
+"""text-embeddings-inference's routes through the front door with the API key: vectors, scores
+and classes equal to what KServe answers for the same inputs, TEI's answer shapes, TEI's error
+shape and statuses (the door's own refusals included), and huggingface_hub's InferenceClient
+pointed at the server as at a TEI endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import HfHubHTTPError
+
+from testkit.triton_clients import client, text_inputs
+from tests.e2e.stack import API_KEY
+from tests.e2e.test_openai import DOCUMENTS, QUERY, TEXTS, kserve, kserve_scores, raw
+from tests.e2e.test_openai_tools import LONG, VALUES
+
+HEADERS = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+
+
+def call(stack, path: str, body: object = None, headers: dict | None = None) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    return raw(stack, path, data, HEADERS if headers is None else headers)
+
+
+def ok(stack, path: str, body: object = None):
+    status, answer = call(stack, path, body)
+    assert status == 200, answer
+    return answer
+
+
+def kserve_logits(stack, texts: list[str]) -> np.ndarray:
+    """The classifier's logits through KServe v2 infer on the same door."""
+    result = client(stack, "http").infer(
+        "classifier", text_inputs("http", texts), headers={"authorization": f"Bearer {API_KEY}"}
+    )
+    return result.as_numpy("LOGITS")
+
+
+@pytest.mark.parametrize("path", ["/embed", "/", "/models/minilm/embed", "/models/minilm"])
+def test_embed_answers_the_default_models_vectors_as_kserve_does(stack, path):
+    """The bare routes serve the first model; POST / embeds for an embedding model."""
+    expected, _ = kserve(stack, TEXTS)
+    got = np.array(ok(stack, path, {"inputs": TEXTS}), dtype=np.float32)
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-6
+    one = ok(stack, path, {"inputs": TEXTS[0]})  # a string is a batch of one, as in TEI
+    assert np.abs(np.array(one, dtype=np.float32) - expected[:1]).max() <= 1e-6
+
+
+def test_embed_takes_teis_options(stack):
+    """`normalize` false: the pooled vectors, KServe's with normalize off; `truncate` with
+    `truncation_direction` Left: the end of a long text, as /v1's truncation_side left; a prompt
+    by name, as /v1 applies it."""
+    pooled = ok(stack, "/embed", {"inputs": TEXTS, "normalize": False})
+    norms = np.linalg.norm(np.array(pooled), axis=1)
+    expected, _ = kserve(stack, TEXTS)
+    assert np.allclose(np.array(pooled) / norms[:, None], expected, atol=1e-5)
+    assert not np.allclose(norms, 1.0, atol=1e-3)
+    left = ok(stack, "/embed", {"inputs": [LONG], "truncate": True, "truncation_direction": "Left"})
+    v1 = ok(
+        stack,
+        "/v1/embeddings",
+        {"model": "minilm", "input": [LONG], "truncation_side": "left"},
+    )
+    assert np.abs(np.array(left[0]) - np.array(v1["data"][0]["embedding"])).max() <= 1e-6
+    prompted = ok(stack, "/models/minilm_prompts/embed", {"inputs": "x", "prompt_name": "query"})
+    v1 = ok(
+        stack,
+        "/v1/embeddings",
+        {"model": "minilm_prompts", "input": "x", "prompt_name": "query"},
+    )
+    assert np.abs(np.array(prompted[0]) - np.array(v1["data"][0]["embedding"])).max() <= 1e-6
+
+
+@pytest.mark.parametrize("path", ["/models/reranker/rerank", "/models/reranker"])
+def test_rerank_ranks_texts_by_the_models_own_score(stack, path):
+    logits = kserve_scores(stack, QUERY, DOCUMENTS)
+    expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    ranks = ok(stack, path, {"query": QUERY, "texts": DOCUMENTS})
+    assert [r["index"] for r in ranks] == list(np.argsort(-expected, kind="stable"))
+    assert np.abs(np.array([r["score"] for r in ranks]) - np.sort(expected)[::-1]).max() <= 1e-6
+    assert "text" not in ranks[0]
+    raw_ranks = ok(
+        stack, path, {"query": QUERY, "texts": DOCUMENTS, "raw_scores": True, "return_text": True}
+    )
+    best = int(np.argmax(logits))
+    assert raw_ranks[0]["index"] == best and raw_ranks[0]["text"] == DOCUMENTS[best]
+    assert abs(raw_ranks[0]["score"] - float(logits[best])) <= 1e-5
+
+
+def test_predict_answers_a_classifiers_classes_best_first(stack):
+    texts = ["a fine day", "a terrible day"]
+    logits = kserve_logits(stack, texts).astype(np.float64)
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    labels = ok(stack, "/models/classifier/info")["model_type"]["classifier"]["id2label"]
+    for path in ("/models/classifier/predict", "/models/classifier"):
+        batch = ok(stack, path, {"inputs": [[t] for t in texts]})
+        for row, answer in zip(probs, batch, strict=True):
+            order = np.argsort(-row, kind="stable")
+            assert [p["label"] for p in answer] == [labels[str(c)] for c in order]
+            assert np.abs(np.array([p["score"] for p in answer]) - row[order]).max() <= 1e-6
+        single = ok(stack, path, {"inputs": texts[0], "raw_scores": True})
+        assert abs(single[0]["score"] - logits[0].max()) <= 1e-5
+
+
+def test_predict_scores_a_rerankers_pairs_each_with_its_own_query(stack):
+    pairs = [[QUERY, DOCUMENTS[1]], ["bananas", DOCUMENTS[0]]]
+    expected = [kserve_scores(stack, q, [d])[0] for q, d in pairs]
+    got = ok(stack, "/models/reranker/predict", {"inputs": pairs})
+    for logit, answer in zip(expected, got, strict=True):
+        assert answer[0]["label"] == "LABEL_0"
+        assert abs(answer[0]["score"] - 1 / (1 + np.exp(-float(logit)))) <= 1e-6
+
+
+def test_tokenize_answers_every_token_and_decode_turns_them_back(stack):
+    rows = ok(stack, "/tokenize", {"inputs": ["Hello world", LONG]})
+    assert [t["text"] for t in rows[0]] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert len(rows[1]) > 256  # TEI's tokenize cuts nothing
+    ids = [t["id"] for t in rows[0]]
+    assert ok(stack, "/decode", {"ids": ids}) == ["hello world"]
+    assert ok(stack, "/models/minilm/decode", {"ids": [ids, ids[1:2]]}) == ["hello world", "hello"]
+
+
+def test_info_states_the_model_in_teis_shape(stack):
+    info = ok(stack, "/info")
+    assert info["model_id"] == "minilm" and "embedding" in info["model_type"]
+    assert info["max_input_length"] == 256 and info["model_dtype"] == "float32"
+    reranker = ok(stack, "/models/reranker/info")["model_type"]["reranker"]
+    assert reranker == {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "kind", "words"),
+    [
+        ("/embed", {"inputs": []}, 422, "Validation", "`inputs` must be"),
+        ("/embed", {"inputs": "x", "truncation_direction": 3}, 422, "Validation", "`truncation_direction`"),
+        ("/embed", {"inputs": [LONG * 100], "truncate": False}, 422, "Validation", "`inputs[0]` is"),
+        ("/models/minilm/rerank", {"query": "q", "texts": ["d"]}, 424, "Backend", "is not a reranker"),
+        ("/models/reranker/rerank", {"query": "q", "texts": []}, 422, "Validation", "`texts`"),
+        ("/models/reranker/rerank", {"query": "q", "texts": ["d"], "return_text": "yes"}, 422, "Validation", "`return_text`"),
+        ("/models/classifier/predict", {"inputs": [["q", "d"]]}, 424, "Backend", "not pairs"),
+        ("/models/reranker/predict", {"inputs": "q"}, 424, "Backend", "does not classify"),
+        ("/models/nope/embed", {"inputs": "x"}, 404, "Validation", "does not exist"),
+        ("/embed", [1], 422, "Validation", "JSON object"),
+    ],
+)  # fmt: skip
+def test_errors_have_teis_shape_and_status(stack, path, body, status, kind, words):
+    got, answer = call(stack, path, body)
+    assert got == status and answer["error_type"] == kind and words in answer["error"], answer
+
+
+def test_the_front_doors_own_refusals_on_tei_routes_are_tei_shaped(stack):
+    status, answer = call(stack, "/embed", {"inputs": "x"}, {"content-type": "application/json"})
+    assert status == 401 and answer["error_type"] == "Validation" and "API key" in answer["error"]
+    status, answer = call(stack, "/embed", {"inputs": "x" * (2 << 20)})
+    assert status == 413 and answer["error_type"] == "Validation"
+    status, answer = raw(stack, "/embed", None, HEADERS)  # a GET
+    assert status == 405 and answer["error_type"] == "Validation"
+    status, answer = call(stack, "/models/minilm/embed_all", {"inputs": "x"})
+    assert status == 404
+
+
+# every field each TEI route reads, beside a valid body for it
+ROUTE_FIELDS = {
+    "/embed": (
+        {"inputs": "a"},
+        ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions",
+         "priority"),
+    ),
+    "/models/reranker/rerank": (
+        {"query": "q", "texts": ["d"]},
+        ("query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text"),
+    ),
+    "/models/classifier/predict": (
+        {"inputs": "a"}, ("inputs", "truncate", "truncation_direction", "raw_scores")
+    ),
+    "/models/reranker/predict": ({"inputs": ["q", "d"]}, ("inputs", "raw_scores")),
+    "/tokenize": ({"inputs": "a"}, ("inputs", "add_special_tokens", "prompt_name")),
+    "/decode": ({"ids": [101]}, ("ids", "skip_special_tokens")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(ROUTE_FIELDS))
+def test_every_field_of_every_tei_route_takes_any_json_value(stack, path):
+    """Each field set, in turn, to a value of each JSON kind: answered, or TEI's 422 (or 424 for
+    a pair a model does not take) whose message names the field. Never a 500, and the same
+    processes serve afterwards."""
+    base, fields = ROUTE_FIELDS[path]
+    before = stack.server_processes()
+    outcomes = set()
+    for name in fields:
+        for value in VALUES:
+            status, answer = call(stack, path, {**base, name: value})
+            assert status in (200, 422, 424), (name, value, status, answer)
+            if status != 200:
+                assert answer["error_type"] in ("Validation", "Backend"), answer  # type: ignore[index]
+                assert status == 424 or f"`{name}" in answer["error"], (name, value, answer)  # type: ignore[index]
+            outcomes.add(status)
+    assert 422 in outcomes
+    assert stack.server_processes() == before, "a process of the deployment was restarted"
+    assert len(ok(stack, "/tokenize", {"inputs": "still here"})[0]) == 4
+
+
+def test_huggingface_hubs_inference_client_speaks_to_it_as_to_tei(stack):
+    """InferenceClient with the server's address as its model: feature_extraction posts to `/`,
+    text_classification to `/models/classifier`, each with the API key."""
+    base = f"http://127.0.0.1:{stack.http_port}"
+    hub = InferenceClient(model=base, token=API_KEY)
+    vectors = hub.feature_extraction(TEXTS[1])
+    expected, _ = kserve(stack, TEXTS[1:2])
+    assert np.abs(np.asarray(vectors, dtype=np.float32) - expected).max() <= 1e-6
+    classes = InferenceClient(model=f"{base}/models/classifier", token=API_KEY)
+    top = classes.text_classification("a fine day")
+    logits = kserve_logits(stack, ["a fine day"])[0].astype(np.float64)
+    labels = ok(stack, "/models/classifier/info")["model_type"]["classifier"]["id2label"]
+    best = top[0] if isinstance(top, list) else top
+    assert best.label == labels[str(int(np.argmax(logits)))]
+    with pytest.raises(HfHubHTTPError) as err:
+        InferenceClient(model=base, token="wrong").feature_extraction("x")
+    assert err.value.response.status_code == 401

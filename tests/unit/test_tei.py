@@ -1,0 +1,136 @@
+"""TEI's request shapes read by the /v1 parsers, errors naming the field as TEI names it, TEI's
+statuses, and /predict's scores against a softmax and a sigmoid computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from openai_api import tei
+from openai_api.errors import OpenAIError, bad_request, from_triton
+from openai_api.protocol import InputLimits, parse_embeddings, parse_rerank, parse_tokenize
+
+
+def test_a_tei_embed_body_reads_as_the_v1_body_it_names():
+    body = {"inputs": ["a", "b"], "truncation_direction": "Left", "truncate": True}
+    query = parse_embeddings(tei.as_v1(body, "m", "embed", {"normalize": True}))
+    assert query.model == "m" and query.texts == ["a", "b"]
+    assert query.truncation.parameters() == {"truncate": True, "truncation_side": "left"}
+    assert query.normalize is True  # TEI's default
+    told = parse_embeddings(
+        tei.as_v1({"inputs": "a", "normalize": False}, "m", "embed", {"normalize": True})
+    )
+    assert told.normalize is False and told.texts == ["a"]
+    ids = parse_embeddings(tei.as_v1({"inputs": [[101, 7], [101]]}, "m", "embed"))
+    assert ids.token_rows == [[101, 7], [101]]
+
+
+def test_a_tei_rerank_body_reads_texts_and_return_text():
+    query = parse_rerank(
+        tei.as_v1({"query": "q", "texts": ["x", "y"], "return_text": True}, "m", "rerank")
+    )
+    assert query.documents == ["x", "y"] and query.return_documents and not query.raw_scores
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "words"),
+    [
+        ("embed", {"inputs": ["a", 1]}, "inputs", "`inputs` must be"),
+        ("embed", {"inputs": ["a", ""]}, "inputs", "`inputs[1]` is an empty string"),
+        ("embed", {"inputs": "a", "truncation_direction": "up"}, "truncation_direction", "`truncation_direction` must"),
+        ("embed", {"inputs": "a", "input_type": "code"}, "input_type", "`input_type` must"),
+        ("rerank", {"query": "q"}, "texts", "`texts` must be a non-empty list"),
+        ("rerank", {"query": "q", "texts": ["d"], "return_text": 1}, "return_text", "`return_text` must"),
+        ("tokenize", {"inputs": 5}, "inputs", "`inputs` must"),
+    ],
+)  # fmt: skip
+def test_an_error_names_the_field_as_tei_spells_it(route, body, param, words):
+    parse = {"embed": parse_embeddings, "rerank": parse_rerank, "tokenize": parse_tokenize}[route]
+    with pytest.raises(OpenAIError) as err, tei.named_as_sent(route):
+        parse(tei.as_v1(body, "m", route))
+    assert err.value.param == param and words in err.value.message, err.value.message
+    status, answer = tei.error(err.value)
+    assert status == 422 and answer == {"error": err.value.message, "error_type": "Validation"}
+
+
+def test_a_body_that_is_not_an_object_is_refused():
+    with pytest.raises(OpenAIError, match="JSON object"):
+        tei.as_v1(["a"], "m", "embed")
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "kind"),
+    [
+        (bad_request("`inputs` must be"), 422, "Validation"),
+        (bad_request("model `m` is not a reranker", code=tei.WRONG_MODEL), 424, "Backend"),
+        (from_triton("StatusCode.UNAVAILABLE", "queue full"), 429, "Overloaded"),
+        (from_triton("StatusCode.INTERNAL", "engine failed"), 424, "Backend"),
+        (from_triton("StatusCode.DEADLINE_EXCEEDED", "too late"), 504, "Backend"),
+        (from_triton("StatusCode.NOT_FOUND", "no model"), 404, "Validation"),
+        (OpenAIError(503, "starting", kind="server_error"), 503, "Unhealthy"),
+    ],
+)
+def test_errors_answer_with_teis_status_and_type(err, status, kind):
+    assert tei.error(err) == (status, {"error": err.message, "error_type": kind})
+
+
+def softmax(row: list[float]) -> list[float]:
+    top = max(row)
+    e = [math.exp(x - top) for x in row]
+    return [x / sum(e) for x in e]
+
+
+def test_predictions_are_softmax_for_several_classes_sigmoid_for_one_best_first():
+    logits = np.array([[0.5, 2.0, -1.0], [3.0, 0.0, 0.0]], dtype=np.float32)
+    got = tei.predictions(logits, ("neg", "pos"), raw_scores=False, single=False)
+    for row, answer in zip(logits.tolist(), got, strict=True):
+        expected = softmax(row)
+        order = sorted(range(3), key=lambda c: -expected[c])
+        assert [p["label"] for p in answer] == [("neg", "pos", "LABEL_2")[c] for c in order]
+        assert np.allclose([p["score"] for p in answer], [expected[c] for c in order])
+    one = tei.predictions(np.array([[1.5]], dtype=np.float32), (), False, single=True)
+    assert one == [{"label": "LABEL_0", "score": pytest.approx(1 / (1 + math.exp(-1.5)))}]
+    raw = tei.predictions(logits[:1], (), raw_scores=True, single=True)
+    assert [p["score"] for p in raw] == pytest.approx([2.0, 0.5, -1.0])
+
+
+@pytest.mark.parametrize(
+    ("inputs", "rows", "single"),
+    [
+        ("a", [("a",)], True),
+        (["q", "d"], [("q", "d")], True),
+        (["a"], [("a",)], True),
+        ([["a"], ["b"]], [("a",), ("b",)], False),
+        ([["q", "d"], ["q2", "e"]], [("q", "d"), ("q2", "e")], False),
+    ],
+)
+def test_predict_takes_a_text_a_pair_or_a_batch_of_them(inputs, rows, single):
+    got = tei.parse_predict({"inputs": inputs}, 8, InputLimits())
+    assert got.rows == rows and got.single == single and got.pairs == (len(rows[0]) == 2)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "words"),
+    [
+        (None, "`inputs` must be"),
+        ([], "`inputs` must be"),
+        (["a", "b", "c"], "`inputs` must be"),
+        ([["a"], ["q", "d"]], "mixes texts and pairs"),
+        ([["a", "b", "c"]], "`inputs[0]`"),
+        ([["a"], [1]], "`inputs[1]`"),
+        ([["a"], [" "]], "`inputs[1][0]` is an empty string"),
+        ([["a"]] * 9, "at most 8"),
+        ("x" * 300_000, "bytes; at most"),
+    ],
+)
+def test_predict_refuses_other_shapes_naming_inputs(inputs, words):
+    with pytest.raises(OpenAIError) as err:
+        tei.parse_predict({"inputs": inputs}, 8, InputLimits())
+    assert err.value.param == "inputs" and words in err.value.message, err.value.message
+
+
+def test_tei_routes_are_told_apart_from_v1():
+    assert tei.is_tei("/") and tei.is_tei("/embed") and tei.is_tei("/models/m/rerank")
+    assert not tei.is_tei("/v1/embeddings") and not tei.is_tei("/health")
