@@ -7,6 +7,7 @@ for the launcher (the front door does not pass it)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import logging
 import time
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from openai_api import tei
+from openai_api import cohere_v2, tei
 from openai_api.backend import (
     EMBEDDING_OUTPUT,
     LOGITS_OUTPUT,
@@ -31,10 +32,11 @@ from openai_api.backend import (
     callers,
     check_dimensions,
 )
-from openai_api.errors import OpenAIError, bad_request, error_body, model_refusal
+from openai_api.errors import OpenAIError, bad_request, model_refusal
 from openai_api.model_files import ModelRepository
 from openai_api.protocol import (
     MAX_INPUTS,
+    RANKING_NAMES,
     ClassifyQuery,
     DecodeQuery,
     EmbeddingsQuery,
@@ -44,14 +46,17 @@ from openai_api.protocol import (
     classify_response,
     embeddings_response,
     model_card,
+    named_as_sent,
     parse_classify,
     parse_decode,
     parse_embeddings,
     parse_priority,
+    parse_ranking,
     parse_rerank,
     parse_tokenize,
     parse_truncation,
     quantize,
+    ranking_response,
     rerank_response,
     shorten,
     tokens_response,
@@ -154,10 +159,18 @@ def create_app(
 
     async def embedded(request: Request, query: EmbeddingsQuery) -> tuple[Any, Served]:
         """The query's vectors, shortened and quantized as it asks, and what the model served."""
+        vectors, served = await embedded_as(request, query, (query.embedding_type,))
+        return vectors[query.embedding_type], served
+
+    async def embedded_as(
+        request: Request, query: EmbeddingsQuery, types: tuple[str, ...]
+    ) -> tuple[dict[str, Any], Served]:
+        """The query's vectors, shortened as it asks, as each of ``types`` (EMBEDDING_TYPES;
+        base64 is the float vectors), from one forward of its rows."""
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         ranges = None
-        if query.embedding_type.endswith("int8"):
+        if any(t.endswith("int8") for t in types):
             ranges = int8_ranges(info, query.dimensions or info.output_dim)
         served = await unless_disconnected(
             request,
@@ -182,7 +195,8 @@ def create_app(
                     else True
                 )
             vectors = shorten(vectors, query.dimensions, normalized)
-        return quantize(vectors, query.embedding_type, ranges), served
+        typed = {t: quantize(vectors, "float" if t == "base64" else t, ranges) for t in types}
+        return typed, served
 
     async def embeddings(request: Request) -> Response:
         started = time.perf_counter()
@@ -442,6 +456,45 @@ def create_app(
         route = {EMBEDDING_OUTPUT: tei_embed, SCORE_OUTPUT: tei_rerank}.get(info.output_name)
         return await (route or tei_predict)(request)
 
+    # -- Cohere's v2 routes (openai_api.cohere_v2) and NIM's ranking -----------------------------
+
+    async def cohere_embed(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await json_body(request)
+        with cohere_v2.named_as_sent("embed"):
+            query = parse_embeddings(cohere_v2.as_v1(body, "embed"), limits)
+            info = await backend.info(query.model)
+            prompts = repository.files(info.name).manifest.prompts if repository.root else {}
+            types, prompt = cohere_v2.embed_options(body, prompts)
+            query = dataclasses.replace(query, prompt_name=prompt)
+            if query.texts is None:
+                raise bad_request("`texts` must be a non-empty list of strings", param="texts")
+            vectors, served = await embedded_as(request, query, types)
+        return FastJSONResponse(
+            cohere_v2.embed_response(query.texts, vectors, served.tokens),
+            headers=served.headers(started),
+        )
+
+    async def cohere_rerank(request: Request) -> Response:
+        started = time.perf_counter()
+        with cohere_v2.named_as_sent("rerank"):
+            query = parse_rerank(cohere_v2.as_v1(await json_body(request), "rerank"), limits)
+            served = await reranked(request, query)
+        return FastJSONResponse(
+            cohere_v2.rerank_response(query, served.outputs[:, 0]),
+            headers=served.headers(started),
+        )
+
+    async def ranking(request: Request) -> Response:
+        started = time.perf_counter()
+        with named_as_sent(RANKING_NAMES):
+            query = parse_ranking(await json_body(request), limits)
+            served = await reranked(request, query)
+        return FastJSONResponse(
+            ranking_response(query, served.outputs[:, 0], served.tokens),
+            headers=served.headers(started),
+        )
+
     async def models(request: Request) -> Response:
         ready = await backend.ready_models()
         return JSONResponse(
@@ -456,11 +509,17 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def openai_error(request: Request, exc: Exception) -> Response:
+        """The adapter's refusal, in the error shape of the route's API."""
         assert isinstance(exc, OpenAIError)
-        if tei.is_tei(request.url.path):
-            status, body = tei.error(exc)
-            return JSONResponse(body, status_code=status)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        path = request.url.path
+        status, body = (
+            cohere_v2.error(exc)
+            if path.startswith("/v2/")
+            else tei.error(exc)
+            if tei.is_tei(path)
+            else (exc.status, exc.body())
+        )
+        return JSONResponse(body, status_code=status)
 
     async def client_gone(request: Request, exc: Exception) -> Response:
         # nobody reads it: nginx's 499, for the adapter's own access log
@@ -469,23 +528,16 @@ def create_app(
     async def unexpected(request: Request, exc: Exception) -> Response:
         # the client reads no exception text (it may hold the adapter's internals): the log does
         LOG.error("internal error on %s", request.url.path, exc_info=exc)
-        return refusal(request, 500, "internal error: the adapter's log says why", "server_error")
-
-    def refusal(request: Request, status: int, message: str, kind: str) -> Response:
-        """An error the adapter itself answers, in the shape of the route's API."""
-        if tei.is_tei(request.url.path):
-            return JSONResponse(
-                tei.body(message, "Backend" if status >= 500 else "Validation"), status
-            )
-        return JSONResponse(error_body(message, kind=kind), status_code=status)
+        message = "internal error: the adapter's log says why"
+        return await openai_error(request, OpenAIError(500, message, kind="server_error"))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         message = f"no route {request.method} {request.url.path}"
-        return refusal(request, 404, message, "invalid_request_error")
+        return await openai_error(request, OpenAIError(404, message))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         message = f"method {request.method} is not allowed on {request.url.path}"
-        return refusal(request, 405, message, "invalid_request_error")
+        return await openai_error(request, OpenAIError(405, message))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -507,6 +559,9 @@ def create_app(
             Route("/v1/tokenize", tokenize, methods=["POST"]),
             Route("/v1/decode", decode, methods=["POST"]),
             Route("/v1/info", model_info, methods=["GET"]),
+            Route("/v1/ranking", ranking, methods=["POST"]),
+            Route("/v2/embed", cohere_embed, methods=["POST"]),
+            Route("/v2/rerank", cohere_rerank, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

@@ -13,7 +13,10 @@ length and the limit); without either, the model's own default stands.
 from __future__ import annotations
 
 import base64
+import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +74,42 @@ class Truncation:
 MODEL_DEFAULT = Truncation()  # a request that says neither
 
 
+# -- other APIs' bodies (TEI's, Cohere's, NIM's), read by the /v1 parsers ------------------------
+
+
+def with_v1_names(body: Any, renames: dict[str, str]) -> dict[str, Any]:
+    """``body`` with each field of ``renames`` (its name -> /v1's) under /v1's name; a /v1 name
+    the body sends itself is dropped (its own API has no such field)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    out = {k: v for k, v in body.items() if k not in renames.values()}
+    for name, v1_name in renames.items():
+        if name in out:
+            out[v1_name] = out.pop(name)
+    return out
+
+
+@contextmanager
+def named_as_sent(renames: dict[str, str]) -> Iterator[None]:
+    """Errors raised inside name the field the client sent (a key of ``renames``), not its /v1
+    spelling."""
+    try:
+        yield
+    except OpenAIError as err:
+        for name, v1_name in renames.items():
+            if err.param == v1_name:
+                err.param = name
+            err.message = re.sub(rf"`{v1_name}(?=[`\[ ])", f"`{name}", err.message)
+        raise
+
+
 def parse_priority(body: dict[str, Any]) -> int:
     """``priority``: the request's service class (1 first; 0 or absent: the default), as KServe
     requests name it; every chunk of the request keeps it."""
     priority = body.get("priority")
     if priority is None:
         return 0
-    if not _is_int(priority) or not 0 <= priority < 1 << 31:
+    if not is_int(priority) or not 0 <= priority < 1 << 31:
         raise bad_request(
             "`priority` must be a class number (1 is served first; 0 or absent: the default)",
             param="priority",
@@ -134,7 +166,7 @@ class EmbeddingsQuery:
         return len(self.texts if self.texts is not None else self.token_rows or [])
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -193,11 +225,11 @@ def parse_inputs(
         texts = [raw]
     elif isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
         texts = list(raw)
-    elif isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
+    elif isinstance(raw, list) and raw and all(is_int(x) for x in raw):
         token_rows = [list(raw)]
     elif isinstance(raw, list) and raw and all(isinstance(x, list) for x in raw):
         for i, row in enumerate(raw):
-            if not row or not all(_is_int(t) for t in row):
+            if not row or not all(is_int(t) for t in row):
                 raise bad_request(
                     f"`input[{i}]` must be a non-empty list of token ids (integers)", param="input"
                 )
@@ -234,7 +266,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
             param="encoding_format",
         )
     dimensions = body.get("dimensions")
-    if dimensions is not None and (not _is_int(dimensions) or dimensions < 1):
+    if dimensions is not None and (not is_int(dimensions) or dimensions < 1):
         raise bad_request("`dimensions` must be a positive integer", param="dimensions")
     normalize = body.get("normalize")
     if normalize is not None and not isinstance(normalize, bool):
@@ -387,7 +419,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
             f"`{param}` has {len(documents)} items; at most {MAX_INPUTS}", param=param
         )
     top_n = body.get("top_n")
-    if top_n is not None and (not _is_int(top_n) or top_n < 1):
+    if top_n is not None and (not is_int(top_n) or top_n < 1):
         raise bad_request("`top_n` must be a positive integer", param="top_n")
     flags = {}
     for name in ("return_documents", "raw_scores"):
@@ -427,6 +459,32 @@ def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) 
         "object": "list",
         "model": query.model,
         "results": results,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+# -- /v1/ranking (NIM's shape) --------------------------------------------------------------------
+
+RANKING_NAMES = {"passages": "documents"}
+
+
+def parse_ranking(body: Any, limits: InputLimits | None = None) -> RerankQuery:
+    """NIM's ranking request: ``query`` and ``passages`` as ``{"text": ...}`` objects,
+    ``truncate`` NONE or END; every passage is answered, by its logit."""
+    v1 = with_v1_names(body, RANKING_NAMES)
+    query = v1.get("query")
+    if not isinstance(query, dict) or not isinstance(query.get("text"), str):
+        raise bad_request('`query` must be an object {"text": "..."}', param="query")
+    v1["query"] = query["text"]
+    for name in ("top_n", "return_documents", "raw_scores", "texts"):
+        v1.pop(name, None)
+    v1["raw_scores"] = True
+    return parse_rerank(v1, limits)
+
+
+def ranking_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
+    return {
+        "rankings": [{"index": i, "logit": score} for i, score in ranked(query, logits)],
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
 
@@ -556,12 +614,12 @@ def parse_decode(body: Any, limits: InputLimits | None = None) -> DecodeQuery:
     limits = limits or InputLimits()
     model = _model(body)
     raw = body.get("ids")
-    if isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
+    if isinstance(raw, list) and raw and all(is_int(x) for x in raw):
         rows = [list(raw)]
     elif (
         isinstance(raw, list)
         and raw
-        and all(isinstance(r, list) and r and all(_is_int(t) for t in r) for r in raw)
+        and all(isinstance(r, list) and r and all(is_int(t) for t in r) for r in raw)
     ):
         rows = [list(r) for r in raw]
     else:

@@ -12,16 +12,21 @@ with 422 for a field the request got wrong, 424 for a model that does not do wha
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from openai_api import protocol
 from openai_api.errors import OpenAIError, bad_request
-from openai_api.protocol import InputLimits, RerankQuery, check_text_size, ranked
+from openai_api.protocol import (
+    InputLimits,
+    RerankQuery,
+    check_text_size,
+    ranked,
+    with_v1_names,
+)
 
 # TEI's field name -> the /v1 field that reads it, per route
 RENAMES: dict[str, dict[str, str]] = {
@@ -38,20 +43,14 @@ WRONG_MODEL = "wrong_model"
 
 
 def is_tei(path: str) -> bool:
-    """Whether the adapter answers ``path`` in TEI's shapes (every route but /v1's and /health)."""
-    return not path.startswith("/v1/") and path != "/health"
+    """Whether the adapter answers ``path`` in TEI's shapes (all but /v1's, /v2's and /health)."""
+    return not path.startswith(("/v1/", "/v2/")) and path != "/health"
 
 
 def as_v1(body: Any, model: str, route: str, defaults: dict[str, Any] | None = None) -> dict:
     """The TEI ``body`` with ``/v1``'s field names and the route's ``model`` (TEI's bodies name
     none); ``defaults``: TEI's defaults where they differ from ``/v1``'s."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    renames = RENAMES[route]
-    out = {k: v for k, v in body.items() if k not in renames.values()}
-    for tei_name, v1_name in renames.items():
-        if tei_name in out:
-            out[v1_name] = out.pop(tei_name)
+    out = with_v1_names(body, RENAMES[route])
     if route == "rerank":
         out.setdefault("texts", None)  # TEI's name for the documents, when it sends neither
     side = out.get("truncation_side")
@@ -64,17 +63,9 @@ def as_v1(body: Any, model: str, route: str, defaults: dict[str, Any] | None = N
     return out
 
 
-@contextmanager
-def named_as_sent(route: str) -> Iterator[None]:
+def named_as_sent(route: str) -> AbstractContextManager[None]:
     """Errors raised inside name the TEI field the client sent, not its ``/v1`` spelling."""
-    try:
-        yield
-    except OpenAIError as err:
-        for tei_name, v1_name in RENAMES[route].items():
-            if err.param == v1_name:
-                err.param = tei_name
-            err.message = re.sub(rf"`{v1_name}(?=[`\[ ])", f"`{tei_name}", err.message)
-        raise
+    return protocol.named_as_sent(RENAMES[route])
 
 
 # OpenAI-shaped refusals -> TEI's status and error_type

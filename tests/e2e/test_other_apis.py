@@ -1,10 +1,11 @@
-"""text-embeddings-inference's routes through the front door with the API key: vectors, scores
-and classes equal to what KServe answers for the same inputs, TEI's answer shapes, TEI's error
-shape and statuses (the door's own refusals included), and huggingface_hub's InferenceClient
-pointed at the server as at a TEI endpoint."""
+"""text-embeddings-inference's, Cohere's v2 and NIM's ranking routes through the front door with
+the API key: vectors, scores and classes equal to what KServe answers for the same inputs, each
+API's answer shapes, its error shape and statuses (the door's own refusals included), and
+huggingface_hub's InferenceClient pointed at the server as at a TEI endpoint."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -179,26 +180,51 @@ ROUTE_FIELDS = {
     "/models/reranker/predict": ({"inputs": ["q", "d"]}, ("inputs", "raw_scores")),
     "/tokenize": ({"inputs": "a"}, ("inputs", "add_special_tokens", "prompt_name")),
     "/decode": ({"ids": [101]}, ("ids", "skip_special_tokens")),
+    "/v2/embed": (
+        {"model": "minilm", "texts": ["a"]},
+        ("model", "texts", "input_type", "embedding_types", "truncate", "output_dimension",
+         "priority", "images", "max_tokens"),
+    ),
+    "/v2/rerank": (
+        {"model": "reranker", "query": "q", "documents": ["d"]},
+        ("model", "query", "documents", "top_n", "return_documents", "priority"),
+    ),
+    "/v1/ranking": (
+        {"model": "reranker", "query": {"text": "q"}, "passages": [{"text": "d"}]},
+        ("model", "query", "passages", "truncate", "priority"),
+    ),
 }  # fmt: skip
 
 
+def refusal(path: str, answer: dict) -> tuple[str, str]:
+    """(the message, the field it names or "") of an error in the route's API's shape."""
+    if path.startswith("/v2/"):
+        return answer["message"], ""
+    if path.startswith("/v1/"):
+        return answer["error"]["message"], answer["error"]["param"] or ""
+    assert answer["error_type"] in ("Validation", "Backend"), answer
+    return answer["error"], ""
+
+
 @pytest.mark.parametrize("path", sorted(ROUTE_FIELDS))
-def test_every_field_of_every_tei_route_takes_any_json_value(stack, path):
-    """Each field set, in turn, to a value of each JSON kind: answered, or TEI's 422 (or 424 for
-    a pair a model does not take) whose message names the field. Never a 500, and the same
-    processes serve afterwards."""
+def test_every_field_of_every_route_takes_any_json_value(stack, path):
+    """Each field set, in turn, to a value of each JSON kind: answered, or the API's 4xx (TEI's
+    422, or 424 for a pair a model does not take; 400 or 404 on Cohere's and NIM's) whose
+    message names the field. Never a 500, and the same processes serve afterwards."""
     base, fields = ROUTE_FIELDS[path]
+    refused = (400, 404) if path.startswith(("/v1/", "/v2/")) else (422, 424)
     before = stack.server_processes()
     outcomes = set()
     for name in fields:
         for value in VALUES:
             status, answer = call(stack, path, {**base, name: value})
-            assert status in (200, 422, 424), (name, value, status, answer)
+            assert status == 200 or status in refused, (name, value, status, answer)
             if status != 200:
-                assert answer["error_type"] in ("Validation", "Backend"), answer  # type: ignore[index]
-                assert status == 424 or f"`{name}" in answer["error"], (name, value, answer)  # type: ignore[index]
+                message, param = refusal(path, answer)  # type: ignore[arg-type]
+                if status in (400, 422):
+                    assert f"`{name}" in message and param in ("", name), (name, value, answer)
             outcomes.add(status)
-    assert 422 in outcomes
+    assert refused[0] in outcomes
     assert stack.server_processes() == before, "a process of the deployment was restarted"
     assert len(ok(stack, "/tokenize", {"inputs": "still here"})[0]) == 4
 
@@ -220,3 +246,94 @@ def test_huggingface_hubs_inference_client_speaks_to_it_as_to_tei(stack):
     with pytest.raises(HfHubHTTPError) as err:
         InferenceClient(model=base, token="wrong").feature_extraction("x")
     assert err.value.response.status_code == 401
+
+
+# -- Cohere's v2 API and NIM's ranking -----------------------------------------------------------
+
+
+def test_cohere_embed_answers_every_type_asked_from_one_forward(stack):
+    """float: KServe's vectors; base64: their float32 bytes; the quantized types: what /v1's
+    embedding_type answers for the same texts (checked there against sentence-transformers)."""
+    types = ["float", "base64", "int8", "uint8", "binary", "ubinary"]
+    answer = ok(
+        stack,
+        "/v2/embed",
+        {"model": "minilm", "texts": TEXTS, "input_type": "search_document",
+         "embedding_types": types},
+    )  # fmt: skip
+    expected, tokens = kserve(stack, TEXTS)
+    by_type = answer["embeddings"]
+    assert sorted(by_type) == sorted(types) and answer["texts"] == TEXTS
+    assert np.abs(np.array(by_type["float"], dtype=np.float32) - expected).max() <= 1e-6
+    decoded = np.array([np.frombuffer(base64.b64decode(b), "<f4") for b in by_type["base64"]])
+    assert np.array_equal(decoded, np.array(by_type["float"], dtype=np.float32))
+    assert answer["meta"]["billed_units"]["input_tokens"] == int(tokens.sum())
+    for kind in types[2:]:
+        v1 = ok(
+            stack, "/v1/embeddings", {"model": "minilm", "input": TEXTS, "embedding_type": kind}
+        )
+        assert by_type[kind] == [d["embedding"] for d in v1["data"]], kind
+
+
+def test_cohere_input_type_picks_the_models_prompt(stack):
+    answer = ok(
+        stack,
+        "/v2/embed",
+        {"model": "minilm_prompts", "texts": ["x"], "input_type": "search_query"},
+    )
+    v1 = ok(
+        stack, "/v1/embeddings", {"model": "minilm_prompts", "input": "x", "prompt_name": "query"}
+    )
+    bare = ok(stack, "/v1/embeddings", {"model": "minilm_prompts", "input": "x"})
+    got = np.array(answer["embeddings"]["float"][0])
+    assert np.abs(got - np.array(v1["data"][0]["embedding"])).max() <= 1e-6
+    assert np.abs(got - np.array(bare["data"][0]["embedding"])).max() > 1e-3
+
+
+def test_cohere_rerank_and_nim_ranking_score_as_the_model_does(stack):
+    logits = kserve_scores(stack, QUERY, DOCUMENTS).astype(np.float64)
+    order = list(np.argsort(-logits, kind="stable"))
+    cohere = ok(
+        stack,
+        "/v2/rerank",
+        {"model": "reranker", "query": QUERY, "documents": DOCUMENTS, "top_n": 2,
+         "return_documents": True},
+    )  # fmt: skip
+    assert [r["index"] for r in cohere["results"]] == order[:2]
+    first = cohere["results"][0]
+    assert abs(first["relevance_score"] - 1 / (1 + np.exp(-logits[order[0]]))) <= 1e-6
+    assert first["document"] == {"text": DOCUMENTS[order[0]]}
+    nim = ok(
+        stack,
+        "/v1/ranking",
+        {"model": "reranker", "query": {"text": QUERY},
+         "passages": [{"text": d} for d in DOCUMENTS], "truncate": "END"},
+    )  # fmt: skip
+    assert [r["index"] for r in nim["rankings"]] == order
+    assert np.abs(np.array([r["logit"] for r in nim["rankings"]]) - logits[order]).max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/v2/embed", {"model": "minilm", "texts": ["a"], "embedding_types": ["int4"]}, 400, "`embedding_types`"),
+        ("/v2/embed", {"model": "minilm", "texts": [[101, 102]]}, 400, "`texts`"),
+        ("/v2/embed", {"model": "reranker", "texts": ["a"]}, 400, "does not serve embeddings"),
+        ("/v2/embed", {"model": "nope", "texts": ["a"]}, 404, "does not exist"),
+        ("/v2/rerank", {"model": "reranker", "query": "q", "documents": []}, 400, "`documents`"),
+    ],
+)  # fmt: skip
+def test_cohere_errors_have_coheres_shape(stack, path, body, status, words):
+    got, answer = call(stack, path, body)
+    assert got == status and list(answer) == ["message"] and words in answer["message"], answer
+
+
+def test_the_doors_refusals_on_coheres_routes_are_cohere_shaped_and_kserve_still_answers(stack):
+    status, answer = call(stack, "/v2/embed", {"model": "minilm", "texts": ["x"]}, {})
+    assert status == 401 and list(answer) == ["message"]
+    status, answer = raw(stack, "/v2/rerank", None, HEADERS)  # a GET
+    assert status == 405 and list(answer) == ["message"]
+    expected, _ = kserve(stack, TEXTS[:1])  # KServe's /v2 beside Cohere's
+    assert expected.shape == (1, 384)
+    status, answer = call(stack, "/v1/ranking", {"model": "reranker", "query": "q"})
+    assert status == 400 and answer["error"]["param"] == "query"

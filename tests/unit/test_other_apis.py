@@ -1,16 +1,27 @@
-"""TEI's request shapes read by the /v1 parsers, errors naming the field as TEI names it, TEI's
-statuses, and /predict's scores against a softmax and a sigmoid computed by hand."""
+"""TEI's, Cohere's and NIM's request shapes read by the /v1 parsers, errors naming the field as
+each API names it, each API's statuses, and /predict's scores against a softmax and a sigmoid
+computed by hand."""
 
 from __future__ import annotations
 
+import base64
 import math
 
 import numpy as np
 import pytest
 
-from openai_api import tei
+from openai_api import cohere_v2, tei
 from openai_api.errors import OpenAIError, bad_request, from_triton
-from openai_api.protocol import InputLimits, parse_embeddings, parse_rerank, parse_tokenize
+from openai_api.protocol import (
+    RANKING_NAMES,
+    InputLimits,
+    named_as_sent,
+    parse_embeddings,
+    parse_ranking,
+    parse_rerank,
+    parse_tokenize,
+    ranking_response,
+)
 
 
 def test_a_tei_embed_body_reads_as_the_v1_body_it_names():
@@ -134,3 +145,84 @@ def test_predict_refuses_other_shapes_naming_inputs(inputs, words):
 def test_tei_routes_are_told_apart_from_v1():
     assert tei.is_tei("/") and tei.is_tei("/embed") and tei.is_tei("/models/m/rerank")
     assert not tei.is_tei("/v1/embeddings") and not tei.is_tei("/health")
+
+
+# -- Cohere's v2 bodies and NIM's ranking, read by the same parsers ------------------------------
+
+
+def test_a_cohere_embed_body_reads_as_v1_with_its_own_options():
+    body = {
+        "model": "m",
+        "texts": ["a", "b"],
+        "input_type": "search_document",
+        "embedding_types": ["int8", "float", "int8"],
+        "truncate": "START",
+        "output_dimension": 64,
+        "priority": 0,
+    }
+    query = parse_embeddings(cohere_v2.as_v1(body, "embed"))
+    assert query.texts == ["a", "b"] and query.dimensions == 64 and query.priority == 1
+    assert query.truncation.parameters() == {"truncate": True, "truncation_side": "left"}
+    assert query.prompt_name is None  # Cohere's input_type is not NIM's
+    types, prompt = cohere_v2.embed_options(body, {"query", "passage"})
+    assert types == ("int8", "float") and prompt == "passage"
+    assert cohere_v2.embed_options({"input_type": "search_query"}, ()) == (("float",), None)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "words"),
+    [
+        ("embed", {"model": "m", "texts": []}, "texts", "`texts` must be"),
+        ("embed", {"model": "m", "texts": ["a"], "output_dimension": 0}, "output_dimension", "`output_dimension` must"),
+        ("embed", {"model": "m", "texts": ["a"], "images": ["data:"]}, "images", "`images`"),
+        ("embed", {"model": "m", "texts": ["a"], "max_tokens": 8}, "max_tokens", "`max_tokens`"),
+        ("embed", {"model": "m", "texts": ["a"], "priority": -1}, "priority", "`priority` must"),
+        ("rerank", {"model": "m", "query": "q", "documents": [""]}, "documents", "`documents[0]`"),
+    ],
+)  # fmt: skip
+def test_a_cohere_error_names_the_field_as_sent(route, body, param, words):
+    parse = {"embed": parse_embeddings, "rerank": parse_rerank}[route]
+    with pytest.raises(OpenAIError) as err, cohere_v2.named_as_sent(route):
+        parse(cohere_v2.as_v1(body, route))
+    assert err.value.param == param and words in err.value.message, err.value.message
+    assert cohere_v2.error(err.value) == (400, {"message": err.value.message})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"embedding_types": "float"}, "embedding_types"),
+        ({"embedding_types": []}, "embedding_types"),
+        ({"embedding_types": ["int4"]}, "embedding_types"),
+        ({"input_type": "image"}, "input_type"),
+    ],
+)
+def test_cohere_embed_options_are_checked(body, param):
+    with pytest.raises(OpenAIError) as err:
+        cohere_v2.embed_options(body, ())
+    assert err.value.param == param
+
+
+def test_a_full_queue_is_coheres_429_and_base64_is_little_endian_float32():
+    assert cohere_v2.error(from_triton("StatusCode.UNAVAILABLE", "full"))[0] == 429
+    vectors = np.array([[1.0, -2.5]], dtype=np.float32)
+    answer = cohere_v2.embed_response(["a"], {"base64": vectors, "float": vectors}, 3)
+    assert np.frombuffer(base64.b64decode(answer["embeddings"]["base64"][0]), "<f4").tolist() == [
+        1.0,
+        -2.5,
+    ]
+    assert answer["meta"]["billed_units"] == {"input_tokens": 3}
+
+
+def test_a_nim_ranking_body_is_a_rerank_answered_by_logits():
+    query = parse_ranking(
+        {"model": "m", "query": {"text": "q"}, "passages": [{"text": "x"}, {"text": "y"}]}
+    )
+    assert query.query == "q" and query.documents == ["x", "y"] and query.raw_scores
+    answer = ranking_response(query, np.array([0.5, 2.0], dtype=np.float32), 7)
+    assert answer["rankings"] == [{"index": 1, "logit": 2.0}, {"index": 0, "logit": 0.5}]
+    with pytest.raises(OpenAIError) as err, named_as_sent(RANKING_NAMES):
+        parse_ranking({"model": "m", "query": {"text": "q"}, "passages": [{"text": ""}]})
+    assert err.value.param == "passages" and "`passages[0]`" in err.value.message
+    with pytest.raises(OpenAIError, match="`query` must be an object"):
+        parse_ranking({"model": "m", "query": "q", "passages": [{"text": "x"}]})
