@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -163,15 +164,18 @@ def create_app(
         return vectors[query.embedding_type], served
 
     async def embedded_as(
-        request: Request, query: EmbeddingsQuery, types: tuple[str, ...]
+        request: Request,
+        query: EmbeddingsQuery,
+        types: tuple[str, ...],
+        types_field: str = "embedding_type",
     ) -> tuple[dict[str, Any], Served]:
         """The query's vectors, shortened as it asks, as each of ``types`` (EMBEDDING_TYPES;
-        base64 is the float vectors), from one forward of its rows."""
+        base64 is the float vectors; ``types_field`` asked for them), from one forward."""
         info = await model_serving(query.model, EMBEDDING_OUTPUT, "does not serve embeddings")
         check_dimensions(info, query.dimensions)
         ranges = None
         if any(t.endswith("int8") for t in types):
-            ranges = int8_ranges(info, query.dimensions or info.output_dim)
+            ranges = int8_ranges(info, query.dimensions or info.output_dim, types_field)
         served = await unless_disconnected(
             request,
             backend.embed(
@@ -218,6 +222,7 @@ def create_app(
                 caller_of(request),
                 query.truncation,
                 query.priority,
+                query.field,
             ),
         )
 
@@ -230,7 +235,7 @@ def create_app(
             headers=served.headers(started),
         )
 
-    def int8_ranges(info: ModelInfo, dimensions: int) -> Any:
+    def int8_ranges(info: ModelInfo, dimensions: int, field: str) -> Any:
         """The model's calibrated per-dimension ranges at ``dimensions``, or a 400 saying why
         there are none."""
         ranges = repository.files(info.name).quantization_ranges(dimensions)
@@ -238,7 +243,7 @@ def create_app(
             raise bad_request(
                 f"model `{info.name}` was built without a text sample to calibrate int8 and uint8 "
                 "ranges on (build it with --texts-file); binary and ubinary need none",
-                param="embedding_type",
+                param=field,
             )
         return ranges
 
@@ -300,13 +305,17 @@ def create_app(
                         param="inputs",
                     )
         # tokenizing runs off the event loop: every other route keeps answering meanwhile
-        rows = await asyncio.to_thread(
-            files.tokenizer.spans,
-            query.texts,
-            truncate,
-            query.truncation.side or TRUNCATION_SIDES[0],
-            prompt,
-        )
+        try:
+            rows = await asyncio.to_thread(
+                files.tokenizer.spans,
+                query.texts,
+                truncate,
+                query.truncation.side or TRUNCATION_SIDES[0],
+                prompt,
+                limits.max_tokens_per_request,
+            )
+        except ValueError as err:
+            raise bad_request(f"`inputs` hold {err}", param="inputs") from None
         return tokens_response(rows, query.add_special_tokens)
 
     async def decode(request: Request) -> Response:
@@ -346,7 +355,8 @@ def create_app(
         manifest = files.manifest
         family: dict[str, Any] = {}
         if manifest.family == "embedding":
-            family = {"pooling": manifest.source.get("pooling"), "dimension": info.output_dim}
+            pooling = str(manifest.source.get("pooling") or "mean")
+            family = {"pooling": pooling, "dimension": info.output_dim}
         elif manifest.labels or manifest.family in ("classifier", "reranker"):
             labels = class_names(manifest.labels, info.output_dim)
             family = {
@@ -363,6 +373,9 @@ def create_app(
             "max_input_length": files.longest_row,
             "max_client_batch_size": MAX_INPUTS,
             "max_batch_requests": manifest.max_batch,
+            "max_batch_tokens": manifest.max_batch * files.longest_row,
+            "max_concurrent_requests": info.max_queue_rows,
+            "tokenization_workers": os.cpu_count() or 1,
             "auto_truncate": info.truncate_default,
             "max_rows_per_request": info.max_rows,
             "max_tokens_per_input": limits.max_tokens_per_input,
@@ -391,9 +404,8 @@ def create_app(
         started = time.perf_counter()
         with tei.named_as_sent("embed"):
             body = await json_body(request)
-            # TEI normalizes unless told not to (quantized types are cut from the model's own)
-            defaults = {} if isinstance(body, dict) and "embedding_type" in body else TEI_NORMALIZE
-            query = parse_embeddings(tei.as_v1(body, tei_model(request), "embed", defaults), limits)
+            body = tei.as_v1(body, tei_model(request), "embed", TEI_NORMALIZE)
+            query = parse_embeddings(body, limits)
             vectors, served = await embedded(request, query)
         return FastJSONResponse(vectors, headers=served.headers(started))
 
@@ -426,6 +438,7 @@ def create_app(
                         caller_of(request),
                         parse_truncation(v1),
                         parse_priority(v1),
+                        "inputs",
                     ),
                 )
                 labels = repository.files(model).manifest.labels if repository.root else ()
@@ -469,7 +482,7 @@ def create_app(
             query = dataclasses.replace(query, prompt_name=prompt)
             if query.texts is None:
                 raise bad_request("`texts` must be a non-empty list of strings", param="texts")
-            vectors, served = await embedded_as(request, query, types)
+            vectors, served = await embedded_as(request, query, types, "embedding_types")
         return FastJSONResponse(
             cohere_v2.embed_response(query.texts, vectors, served.tokens),
             headers=served.headers(started),
@@ -578,6 +591,7 @@ def create_app(
                 )
             ),
             Route("/", tei_root, methods=["POST"]),
+            Route("/", health, methods=["GET"]),  # TEI's health check
             Route("/models/{model}", tei_root, methods=["POST"]),
         ],
         exception_handlers=handlers,

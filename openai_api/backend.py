@@ -66,6 +66,7 @@ class ModelInfo:
     dimensions: tuple[int, ...]  # sizes `dimensions` may ask for; empty: none
     created: int  # when the adapter first saw it (OpenAI's `created`)
     truncate_default: bool = True  # what the model does with rows over its limit by default
+    max_queue_rows: int = 4096  # rows its queue holds before it refuses more
 
     @property
     def embeds(self) -> bool:
@@ -76,6 +77,7 @@ def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
     output = config["output"][0]
     raw = config.get("parameters", {}).get(DIMENSIONS_PARAMETER, {}).get("string_value", "")
     dimensions = tuple(sorted({int(x) for x in raw.replace(" ", "").split(",") if x}))
+    settings = settings_from_parameters(config.get("parameters", {}), config["name"])
     return ModelInfo(
         name=config["name"],
         output_name=output["name"],
@@ -83,7 +85,8 @@ def model_info_from_config(config: dict[str, Any], created: int) -> ModelInfo:
         max_rows=int(config.get("max_batch_size") or 1),
         dimensions=dimensions,
         created=created,
-        truncate_default=settings_from_parameters(config.get("parameters", {})).truncate_default,
+        truncate_default=settings.truncate_default,
+        max_queue_rows=settings.max_queue_rows,
     )
 
 
@@ -239,9 +242,11 @@ class TritonBackend:
         caller: Mapping[str, str] = NO_CALLER,
         truncation: Truncation = MODEL_DEFAULT,
         priority: int = 0,
+        field: str = "documents",
     ) -> Served:
         """The score of (query, document) for each document, in their order ([documents, 1]),
-        the tokens and where the time went; ``query``: one for every document, or each its own."""
+        the tokens and where the time went; ``query``: one for every document, or each its own;
+        ``field``: the request's name for the documents, to name one in an error."""
         parameters = {**truncation.parameters(), **class_parameter(priority)}
         queries = [query] * len(documents) if isinstance(query, str) else query
         # each chunk carries the query once per document: Triton's core refuses a request whose
@@ -262,7 +267,7 @@ class TritonBackend:
                     parameters,
                     caller,
                     queries[a : a + info.max_rows],
-                    inputs_field="documents",
+                    inputs_field=field,
                 )
 
         parts = await gather_or_cancel(*(chunk(a) for a in range(0, len(documents), info.max_rows)))

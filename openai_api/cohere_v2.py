@@ -21,12 +21,19 @@ from typing import Any
 import numpy as np
 
 from openai_api import protocol
-from openai_api.errors import OpenAIError, bad_request
+from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
 from openai_api.protocol import RerankQuery, encode_vector, ranked, with_v1_names
 
+# the fields each route reads: Cohere's name -> /v1's (input_type and embedding_types are
+# Cohere's own: embed_options reads them; UNSERVED are refused)
 RENAMES: dict[str, dict[str, str]] = {
-    "embed": {"texts": "input", "output_dimension": "dimensions"},
-    "rerank": {},
+    "embed": {
+        "model": "model",
+        "texts": "input",
+        "truncate": "truncate",
+        "output_dimension": "dimensions",
+    },
+    "rerank": {name: name for name in ("model", "query", "documents", "top_n", "return_documents")},
 }
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 # Cohere's input_type -> the prompt names that serve it, the first the model has
@@ -55,17 +62,15 @@ def as_v1(body: Any, route: str) -> dict[str, Any]:
     (``input_type`` and ``embedding_types``: ``embed_options`` reads them)."""
     out = with_v1_names(body, RENAMES[route])
     for name, why in UNSERVED.items():
-        if out.get(name) is not None:
+        if body.get(name) is not None:
             raise bad_request(f"`{name}`: {why}", param=name)
-    priority = out.pop("priority", None)
+    priority = body.get("priority")
     if priority is not None:
         if not protocol.is_int(priority) or not 0 <= priority < (1 << 31) - 1:
             raise bad_request(
                 "`priority` must be an integer from 0 (served first) up", param="priority"
             )
         out["priority"] = priority + 1
-    out.pop("input_type", None)
-    out.pop("embedding_types", None)
     return out
 
 
@@ -132,5 +137,5 @@ def rerank_response(query: RerankQuery, logits: np.ndarray) -> dict[str, Any]:
 
 def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
     """Cohere's answer for an error the adapter raised: its status and ``{"message"}``."""
-    status = 429 if err.status == 503 and err.code == "overloaded" else err.status
+    status = 429 if err.code == QUEUE_FULL else err.status
     return status, {"message": err.message}

@@ -74,8 +74,16 @@ def model_refusal(message: str, where: str = "") -> OpenAIError:
     return bad_request(f"{where}`{name}` {rest}", param=name)
 
 
+# the model's refusal when its queue holds its limit (python_backend.scheduling.fair_queue):
+# the one 503 that says "come back later", which TEI and Cohere answer with 429
+QUEUE_FULL = "queue_full"
+
+
 def from_triton(status: str | None, message: str, where: str = "") -> OpenAIError:
     http, kind = TRITON_STATUS.get(status or "", (500, "server_error"))
     if http == 400:
         return model_refusal(message, where)
-    return OpenAIError(http, message, kind=kind, code="overloaded" if http == 503 else None)
+    code = None
+    if http == 503:
+        code = QUEUE_FULL if "queue full" in message else "overloaded"
+    return OpenAIError(http, message, kind=kind, code=code)

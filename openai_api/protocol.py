@@ -74,19 +74,23 @@ class Truncation:
 MODEL_DEFAULT = Truncation()  # a request that says neither
 
 
+def shown(value: Any) -> str:
+    """A refused value as an error quotes it: a scalar, cut to 64 characters; a list or an object
+    by its kind only (printing a deeply nested one would recurse past Python's limit)."""
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    return repr(value)[:64]
+
+
 # -- other APIs' bodies (TEI's, Cohere's, NIM's), read by the /v1 parsers ------------------------
 
 
-def with_v1_names(body: Any, renames: dict[str, str]) -> dict[str, Any]:
-    """``body`` with each field of ``renames`` (its name -> /v1's) under /v1's name; a /v1 name
-    the body sends itself is dropped (its own API has no such field)."""
+def with_v1_names(body: Any, fields: dict[str, str]) -> dict[str, Any]:
+    """The fields of ``body`` its API defines (``fields``: each one's /v1 name), under their /v1
+    names; any other field is left out, as that API's own server ignores it."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    out = {k: v for k, v in body.items() if k not in renames.values()}
-    for name, v1_name in renames.items():
-        if name in out:
-            out[v1_name] = out.pop(name)
-    return out
+    return {v1_name: body[name] for name, v1_name in fields.items() if name in body}
 
 
 @contextmanager
@@ -96,10 +100,11 @@ def named_as_sent(renames: dict[str, str]) -> Iterator[None]:
     try:
         yield
     except OpenAIError as err:
-        for name, v1_name in renames.items():
-            if err.param == v1_name:
-                err.param = name
-            err.message = re.sub(rf"`{v1_name}(?=[`\[ ])", f"`{name}", err.message)
+        sent = {v1_name: name for name, v1_name in renames.items()}.get(err.param or "")
+        if sent is not None:  # the field named first, as /v1's messages name it
+            field = rf"`{re.escape(err.param or '')}(?=[`\[ ])"
+            err.message = re.sub(field, f"`{sent}", err.message, count=1)
+            err.param = sent
         raise
 
 
@@ -122,8 +127,7 @@ def parse_truncation(body: dict[str, Any]) -> Truncation:
     side = body.get("truncation_side")
     if side is not None and (not isinstance(side, str) or side not in TRUNCATION_SIDES):
         raise bad_request(
-            f"`truncation_side` must be one of {', '.join(TRUNCATION_SIDES)}, got "
-            f"{str(side)[:64]!r}",
+            f"`truncation_side` must be one of {', '.join(TRUNCATION_SIDES)}, got {shown(side)}",
             param="truncation_side",
         )
     nim = body.get("truncate")
@@ -134,7 +138,7 @@ def parse_truncation(body: dict[str, Any]) -> Truncation:
     if not isinstance(nim, str) or nim not in NIM_TRUNCATE:
         raise bad_request(
             f"`truncate` must be one of {', '.join(NIM_TRUNCATE)} (or true, false), got "
-            f"{str(nim)[:64]!r}",
+            f"{shown(nim)}",
             param="truncate",
         )
     if side is not None:
@@ -262,7 +266,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
         encoding = "float"
     if encoding not in ENCODINGS:
         raise bad_request(
-            f"`encoding_format` must be one of {', '.join(ENCODINGS)}, got {encoding!r}",
+            f"`encoding_format` must be one of {', '.join(ENCODINGS)}, got {shown(encoding)}",
             param="encoding_format",
         )
     dimensions = body.get("dimensions")
@@ -277,7 +281,7 @@ def parse_embeddings(body: Any, limits: InputLimits | None = None) -> Embeddings
     if not isinstance(embedding_type, str) or embedding_type not in EMBEDDING_TYPES:
         raise bad_request(
             f"`embedding_type` must be one of {', '.join(EMBEDDING_TYPES)}, got "
-            f"{str(embedding_type)[:64]!r}",
+            f"{shown(embedding_type)}",
             param="embedding_type",
         )
     if embedding_type.endswith("int8") and normalize is not None:
@@ -309,7 +313,7 @@ def parse_prompt_name(body: dict[str, Any]) -> str | None:
     if input_type is not None:
         if not isinstance(input_type, str) or input_type not in INPUT_TYPES:
             raise bad_request(
-                f"`input_type` must be one of {', '.join(INPUT_TYPES)}, got {input_type!r}",
+                f"`input_type` must be one of {', '.join(INPUT_TYPES)}, got {shown(input_type)}",
                 param="input_type",
             )
         if prompt_name is not None:
@@ -392,6 +396,7 @@ class RerankQuery:
     raw_scores: bool
     truncation: Truncation = MODEL_DEFAULT
     priority: int = 0  # its service class (parse_priority)
+    field: str = "documents"  # the field the documents came in, to name one in an error
 
 
 def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
@@ -436,6 +441,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
         flags["raw_scores"],
         parse_truncation(body),
         parse_priority(body),
+        param,
     )
 
 
@@ -465,7 +471,8 @@ def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) 
 
 # -- /v1/ranking (NIM's shape) --------------------------------------------------------------------
 
-RANKING_NAMES = {"passages": "documents"}
+RANKING_NAMES = {name: name for name in ("model", "query", "truncate", "priority")}
+RANKING_NAMES["passages"] = "documents"
 
 
 def parse_ranking(body: Any, limits: InputLimits | None = None) -> RerankQuery:
@@ -476,8 +483,6 @@ def parse_ranking(body: Any, limits: InputLimits | None = None) -> RerankQuery:
     if not isinstance(query, dict) or not isinstance(query.get("text"), str):
         raise bad_request('`query` must be an object {"text": "..."}', param="query")
     v1["query"] = query["text"]
-    for name in ("top_n", "return_documents", "raw_scores", "texts"):
-        v1.pop(name, None)
     v1["raw_scores"] = True
     return parse_rerank(v1, limits)
 

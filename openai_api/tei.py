@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from openai_api import protocol
-from openai_api.errors import OpenAIError, bad_request
+from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
 from openai_api.protocol import (
     InputLimits,
     RerankQuery,
@@ -28,13 +28,27 @@ from openai_api.protocol import (
     with_v1_names,
 )
 
-# TEI's field name -> the /v1 field that reads it, per route
+
+def _same(*names: str) -> dict[str, str]:
+    return {name: name for name in names}
+
+
+# the fields each TEI route reads (and this project's `priority`): TEI's name -> /v1's
+TRUNCATION = {"truncate": "truncate", "truncation_direction": "truncation_side"}
 RENAMES: dict[str, dict[str, str]] = {
-    "embed": {"inputs": "input", "truncation_direction": "truncation_side"},
-    "rerank": {"truncation_direction": "truncation_side", "return_text": "return_documents"},
-    "predict": {"inputs": "input", "truncation_direction": "truncation_side"},
-    "tokenize": {},
-    "decode": {},
+    "embed": {
+        "inputs": "input",
+        **TRUNCATION,
+        **_same("normalize", "prompt_name", "dimensions", "priority"),
+    },
+    "rerank": {
+        **_same("query", "texts", "raw_scores", "priority"),
+        **TRUNCATION,
+        "return_text": "return_documents",
+    },
+    "predict": {"inputs": "input", **TRUNCATION, **_same("raw_scores", "priority")},
+    "tokenize": _same("inputs", "add_special_tokens", "prompt_name"),
+    "decode": _same("ids", "skip_special_tokens"),
 }
 # TEI's request shapes spell directions either way (serde aliases)
 DIRECTIONS = {"Left": "left", "Right": "right", "left": "left", "right": "right"}
@@ -52,7 +66,7 @@ def as_v1(body: Any, model: str, route: str, defaults: dict[str, Any] | None = N
     none); ``defaults``: TEI's defaults where they differ from ``/v1``'s."""
     out = with_v1_names(body, RENAMES[route])
     if route == "rerank":
-        out.setdefault("texts", None)  # TEI's name for the documents, when it sends neither
+        out.setdefault("texts", None)  # the documents' field is TEI's, sent or not
     side = out.get("truncation_side")
     if isinstance(side, str) and side in DIRECTIONS:
         out["truncation_side"] = DIRECTIONS[side]
@@ -75,7 +89,7 @@ def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
         status, kind = 424, "Backend"  # TEI: the model cannot do it, or inference failed
     elif err.status == 400:
         status, kind = 422, "Validation"
-    elif err.status == 503 and err.code == "overloaded":
+    elif err.code == QUEUE_FULL:
         status, kind = 429, "Overloaded"
     elif err.status == 503:
         status, kind = 503, "Unhealthy"

@@ -77,13 +77,24 @@ class TextTokenizer:
         ]
 
     def spans(
-        self, texts: list[str], truncate: bool, side: str = "right", prompt: str = ""
+        self,
+        texts: list[str],
+        truncate: bool,
+        side: str = "right",
+        prompt: str = "",
+        max_tokens: int | None = None,
     ) -> list[TokenSpans]:
         """Each text's tokens with ``prompt`` before it, cut as ``encode`` cuts them (the ids are
-        ``encode``'s), and where each token lies in the text (``/v1/tokenize``)."""
+        ``encode``'s), and where each token lies in the text (``/v1/tokenize``); past
+        ``max_tokens`` in all, a ValueError before any is described."""
         out = []
         shift = len(prompt)
-        for encoding in self._whole.encode_batch([prompt + t for t in texts]):
+        encodings = self._whole.encode_batch([prompt + t for t in texts])
+        if max_tokens is not None:
+            count = sum(min(len(e), self.max_length) if truncate else len(e) for e in encodings)
+            if count > max_tokens:
+                raise ValueError(f"{count} tokens; at most {max_tokens} a request")
+        for encoding in encodings:
             # each property of a Rust Encoding builds its whole list anew: read each once
             ids, tokens, offsets = encoding.ids, encoding.tokens, encoding.offsets
             special = encoding.special_tokens_mask

@@ -51,7 +51,7 @@ def test_a_tei_rerank_body_reads_texts_and_return_text():
         ("embed", {"inputs": ["a", 1]}, "inputs", "`inputs` must be"),
         ("embed", {"inputs": ["a", ""]}, "inputs", "`inputs[1]` is an empty string"),
         ("embed", {"inputs": "a", "truncation_direction": "up"}, "truncation_direction", "`truncation_direction` must"),
-        ("embed", {"inputs": "a", "input_type": "code"}, "input_type", "`input_type` must"),
+        ("embed", {"inputs": "a", "prompt_name": 5}, "prompt_name", "`prompt_name` must"),
         ("rerank", {"query": "q"}, "texts", "`texts` must be a non-empty list"),
         ("rerank", {"query": "q", "texts": ["d"], "return_text": 1}, "return_text", "`return_text` must"),
         ("tokenize", {"inputs": 5}, "inputs", "`inputs` must"),
@@ -66,6 +66,26 @@ def test_an_error_names_the_field_as_tei_spells_it(route, body, param, words):
     assert status == 422 and answer == {"error": err.value.message, "error_type": "Validation"}
 
 
+def test_only_the_reported_field_is_renamed_and_fields_of_other_apis_are_left_out():
+    with pytest.raises(OpenAIError) as err, tei.named_as_sent("embed"):
+        raise OpenAIError(404, "The model `input` does not exist", param="model")
+    assert err.value.message == "The model `input` does not exist"
+    body = tei.as_v1({"inputs": "a", "embedding_type": "int8", "input_type": "query"}, "m", "embed")
+    assert body == {"input": "a", "model": "m"}
+
+
+def test_a_deeply_nested_value_is_refused_by_its_kind():
+    deep: object = "x"
+    for _ in range(3000):
+        deep = [deep]
+    with pytest.raises(OpenAIError) as err:
+        parse_embeddings({"model": "m", "input": "a", "truncation_side": deep})
+    assert "got a list" in err.value.message and len(err.value.message) < 200
+    with pytest.raises(OpenAIError) as err:
+        parse_embeddings({"model": "m", "input": "a", "input_type": "x" * 10**6})
+    assert len(err.value.message) < 200
+
+
 def test_a_body_that_is_not_an_object_is_refused():
     with pytest.raises(OpenAIError, match="JSON object"):
         tei.as_v1(["a"], "m", "embed")
@@ -76,7 +96,8 @@ def test_a_body_that_is_not_an_object_is_refused():
     [
         (bad_request("`inputs` must be"), 422, "Validation"),
         (bad_request("model `m` is not a reranker", code=tei.WRONG_MODEL), 424, "Backend"),
-        (from_triton("StatusCode.UNAVAILABLE", "queue full"), 429, "Overloaded"),
+        (from_triton("StatusCode.UNAVAILABLE", "queue full: 9 rows queued"), 429, "Overloaded"),
+        (from_triton("StatusCode.UNAVAILABLE", "failed to connect"), 503, "Unhealthy"),
         (from_triton("StatusCode.INTERNAL", "engine failed"), 424, "Backend"),
         (from_triton("StatusCode.DEADLINE_EXCEEDED", "too late"), 504, "Backend"),
         (from_triton("StatusCode.NOT_FOUND", "no model"), 404, "Validation"),
@@ -204,7 +225,8 @@ def test_cohere_embed_options_are_checked(body, param):
 
 
 def test_a_full_queue_is_coheres_429_and_base64_is_little_endian_float32():
-    assert cohere_v2.error(from_triton("StatusCode.UNAVAILABLE", "full"))[0] == 429
+    assert cohere_v2.error(from_triton("StatusCode.UNAVAILABLE", "queue full: 9 rows"))[0] == 429
+    assert cohere_v2.error(from_triton("StatusCode.UNAVAILABLE", "no connection"))[0] == 503
     vectors = np.array([[1.0, -2.5]], dtype=np.float32)
     answer = cohere_v2.embed_response(["a"], {"base64": vectors, "float": vectors}, 3)
     assert np.frombuffer(base64.b64decode(answer["embeddings"]["base64"][0]), "<f4").tolist() == [
