@@ -238,6 +238,7 @@ def build(spec: BuildSpec) -> BuildResult:
         labels=model.labels,
         input_names=model.input_names,
         normalize=model.normalize,
+        rerank_template=model.rerank_template,
     )
     if resolved.on_gpu:  # on the CPU the engine computes in FP32, as the reference does
         check_built_engine(spec, resolved, model, manifest, version_dir, progress)
@@ -397,10 +398,12 @@ def require_tensorrt_major() -> None:
 
 def load_family_model(spec: BuildSpec, resolved: Resolved, progress: Progress) -> LoadedModel:
     from builder.families import load_model
+    from builder.rerank_template import read_overrides
 
     token_ids = list(spec.score_token_ids) if spec.score_token_ids else None
     try:
-        model = load_model(resolved.model_dir, spec.family, token_ids)
+        template = read_overrides(spec.rerank_template) if spec.rerank_template else None
+        model = load_model(resolved.model_dir, spec.family, token_ids, template)
     except ValueError as err:
         raise BuildError(str(err)) from None
     progress.detail(
@@ -700,7 +703,11 @@ def reference_rows(spec: BuildSpec, manifest: Manifest, version_dir: Path) -> li
         return random_rows(
             rng, REFERENCE_ROWS, 1, longest, manifest.vocab_size, manifest.takes_pairs
         )
-    tokenizer = TextTokenizer(version_dir / manifest.tokenizer_file, longest)
+    tokenizer = TextTokenizer(
+        version_dir / manifest.tokenizer_file, longest, manifest.rerank_template
+    )
+    if manifest.rerank_template is not None:  # each text with the next one, in the template
+        return tokenizer.encode_template(texts, texts[1:] + texts[:1], truncate=True)
     if manifest.takes_pairs:  # each text with the next one as its pair
         return tokenizer.encode_pairs(texts, texts[1:] + texts[:1], truncate=True)
     prefix = Prompts(manifest.prompts, manifest.default_prompt_name).prefix(None)
@@ -814,7 +821,7 @@ def write_entry(spec: BuildSpec, manifest: Manifest, version_dir: Path, progress
         manifest.output_dim,
         parameters={OWNER_PARAMETER: owner_name(spec.name)} if split else None,
         instances=instances,
-        takes_pairs=manifest.takes_pairs,
+        takes_pairs=manifest.text_pairs,
     )
     labels = version_dir.parent / LABELS_FILE
     if manifest.labels:  # Triton's classification extension names the classes from this file

@@ -19,7 +19,13 @@ from python_backend.engines.base import Engine, pad_rows
 
 # FP16 TensorRT against FP32 ONNX Runtime, per row; the decoder's vocabulary logits of a random
 # model are the least robust to FP16 rounding
-MIN_COSINE = {"embedding": 0.999, "classifier": 0.999, "decoder": 0.995, "reranker": 0.999}
+MIN_COSINE = {
+    "embedding": 0.999,
+    "classifier": 0.999,
+    "decoder": 0.995,
+    "reranker": 0.999,
+    "decoder_reranker": 0.995,
+}
 # a reranker's output is one number, whose cosine is only its sign: compare the difference
 MAX_SCORE_DIFF = 0.02
 ROWS_PER_CHECK = 64  # rows compared at a size larger than this: the first 64 (all are run)
@@ -32,7 +38,13 @@ ROWS_PER_CHECK = 64  # rows compared at a size larger than this: the first 64 (a
 REFERENCE_MIN_COSINE = {
     "fp32": MIN_COSINE,
     "fp16": MIN_COSINE,
-    "bf16": {"embedding": 0.99, "classifier": 0.99, "decoder": 0.98, "reranker": 0.99},
+    "bf16": {
+        "embedding": 0.99,
+        "classifier": 0.99,
+        "decoder": 0.98,
+        "reranker": 0.99,
+        "decoder_reranker": 0.98,
+    },
 }
 # a single score (a reranker's): its difference, relative to the score where that is above 1
 REFERENCE_MAX_SCORE_DIFF = {"fp32": MAX_SCORE_DIFF, "fp16": MAX_SCORE_DIFF, "bf16": 0.06}

@@ -13,6 +13,9 @@ model's family and loads and wraps it.
   only chosen token ids (e.g. yes / no) -> LOGITS [B, C]
 - reranker: a cross-encoder (sequence classification with one output) over (text, text pair),
   with token_type_ids as a third graph input -> SCORE [B, 1]
+- decoder_reranker: a causal LM judging (query, document) in a prompt template
+  (``builder.rerank_template``): the "yes" logit less the "no" logit at the last token ->
+  SCORE [B, 1]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from python_backend.common.contract import (
     FAMILIES,
     FAMILY_CONTRACTS,
     TOKEN_TYPE_INPUT,
+    RerankTemplate,
     split_token_types,
 )
 from python_backend.engines.torch_modules import (
@@ -40,6 +44,7 @@ from python_backend.engines.torch_modules import (
     EmbeddingHead,
     LastTokenScorer,
     PairScorer,
+    YesNoScorer,
 )
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -58,6 +63,7 @@ class LoadedModel:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts
     default_prompt_name: str | None = None
     labels: tuple[str, ...] = ()  # classifier class names, in output order (id2label)
+    rerank_template: RerankTemplate | None = None  # decoder rerankers: how a pair is read
     input_names: tuple[str, ...] = ENGINE_INPUTS  # the graph's inputs (pair models: three)
     # the pipeline ends in Normalize: the server applies it (the graph returns pooled vectors)
     normalize: bool = False
@@ -210,7 +216,7 @@ def check_last_token_scorer(scorer: LastTokenScorer, model: nn.Module, vocab: in
     mask[1, 4:] = 0
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask).logits[[0, 1], [5, 3]]  # [2, V]
-        got = scorer(ids, mask)
+        got = LastTokenScorer.forward(scorer, ids, mask)  # the gathered logits themselves
     want = full[:, scorer.token_ids] if scorer.token_ids else full
     diff = float((got - want).abs().max())
     if diff > 1e-4 * max(1.0, float(want.abs().max())):
@@ -395,6 +401,23 @@ def wrap_decoder(model_dir: Path, config: Any, score_token_ids: list[int] | None
     return Wrapped(module, out_dim, {"score_token_ids": list(score_token_ids or [])})
 
 
+def wrap_decoder_reranker(
+    model_dir: Path, config: Any, score_token_ids: list[int] | None
+) -> Wrapped:
+    """``score_token_ids``: the template's yes and no tokens (``load_model`` resolves them)."""
+    from transformers import AutoModelForCausalLM
+
+    assert score_token_ids is not None and len(score_token_ids) == 2
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **LOAD_KWARGS)
+    module = YesNoScorer(model, *score_token_ids)
+    check_last_token_scorer(module, model.eval(), int(config.vocab_size))
+    return Wrapped(module, 1, {"yes_no_ids": list(score_token_ids)})
+
+
+def _never(model_dir: Path, config: dict[str, Any]) -> bool:
+    return False  # built when asked for (--family, or --rerank-template on a causal LM)
+
+
 # detection takes the first record whose test holds, in this order (an embedding model's pooling
 # module wins over its architecture; a single-score classifier is a reranker), and the fallback
 # when none does: a bare encoder, mean-pooled
@@ -403,6 +426,7 @@ FAMILY_TABLE: tuple[Family, ...] = (
     Family("reranker", _is_single_score_classifier, wrap_reranker),
     Family("classifier", _is_sequence_classifier, wrap_classifier),
     Family("decoder", _is_causal_lm, wrap_decoder, takes_score_token_ids=True),
+    Family("decoder_reranker", _never, wrap_decoder_reranker),
 )
 FALLBACK_FAMILY = "embedding"
 FAMILY_BY_NAME = {family.name: family for family in FAMILY_TABLE}
@@ -419,21 +443,38 @@ def detect_family(model_dir: Path) -> str:
 
 
 def load_model(
-    model_dir: Path, family: str = "auto", score_token_ids: list[int] | None = None
+    model_dir: Path,
+    family: str = "auto",
+    score_token_ids: list[int] | None = None,
+    rerank_template: dict[str, str] | None = None,
 ) -> LoadedModel:
-    """Loads a local Hugging Face model directory (no network) wrapped for its family."""
+    """Loads a local Hugging Face model directory (no network) wrapped for its family;
+    ``rerank_template``: ``--rerank-template``'s settings, which make a causal LM a decoder
+    reranker (``builder.rerank_template``)."""
     from transformers import AutoConfig
+
+    from builder.rerank_template import resolve
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"--model-dir {model_dir} has no config.json: not a Hugging Face model")
     name = detect_family(model_dir) if family == "auto" else family
+    if name == "decoder" and rerank_template is not None and family == "auto":
+        name = "decoder_reranker"
     if name not in FAMILY_BY_NAME:
         raise ValueError(f"--family must be one of {FAMILIES} or auto, got {name!r}")
     record = FAMILY_BY_NAME[name]
     if score_token_ids and not record.takes_score_token_ids:
         takers = [f.name for f in FAMILY_TABLE if f.takes_score_token_ids]
         raise ValueError(f"--score-token-ids applies to {' and '.join(takers)} models only")
+    if rerank_template is not None and name != "decoder_reranker":
+        raise ValueError(f"--rerank-template is for causal LMs; this model is a {name} model")
+    template = None
+    if name == "decoder_reranker":
+        if not decoder_architecture(model_dir):
+            raise ValueError("--family decoder_reranker takes a causal LM (a decoder)")
+        template = resolve(model_dir, rerank_template or {})
+        score_token_ids = [template.yes_id, template.no_id]
     config = AutoConfig.from_pretrained(model_dir)
     wrapped = record.wrap(model_dir, config, score_token_ids)
     wrapped.module.eval()
@@ -452,6 +493,7 @@ def load_model(
         labels=wrapped.labels,
         input_names=record.input_names,
         normalize=bool(wrapped.describe.get("normalize", False)),
+        rerank_template=template,
     )
 
 

@@ -54,6 +54,12 @@ class BuildSpec:
         "decoder only: comma-separated token ids whose last-token logits to return (e.g. the "
         "ids of yes,no); default: all logits"
     )
+    rerank_template: Path | None = _opt(
+        "a causal LM as a reranker: a JSON file of its prompt template's settings (system, "
+        "body, instruction, yes, no; prefix and suffix for a model without a chat template), "
+        "each defaulting to Qwen3-Reranker's recipe (--family decoder_reranker: all of them)",
+        default=None,
+    )
     tokenizer: Path | None = _opt(
         "tokenizer.json to serve with (default: <model-dir>/tokenizer.json)", default=None
     )

@@ -21,6 +21,71 @@ TINY: dict[str, Any] = dict(
 )
 
 
+# a chat template of Qwen's form, enough for a decoder reranker's prompt (builder.rerank_template)
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+
+def save_tiny_decoder_reranker(folder: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3 causal LM with a byte-level BPE tokenizer of its own (trained here on a few
+    lines: no Qwen tokenizer is available offline) holding Qwen's chat tokens, "yes" and "no"
+    as single tokens, and a chat template of Qwen's form: a decoder reranker's whole recipe."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    words = (
+        "Judge whether the Document meets the requirements based on the Query and the Instruct "
+        "provided. Note that the answer can only be yes or no. Given a web search query, "
+        "retrieve relevant passages that answer the query. system user assistant Instruct "
+        "Query Document how does the planner group rows by length into buckets"
+    )
+    corpus = [words, "yes", "no", "yes no", "no yes"] * 50
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    for word in ("yes", "no"):
+        assert tokenizer.token_to_id(word) is not None, word
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=256,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
+        architectures=["Qwen3ForCausalLM"],
+    )
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
 def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
     """A tiny ``embedding`` model (a bare BERT encoder), ``classifier`` (BERT; 3 labels named
     negative, neutral, positive), ``reranker`` (a BERT cross-encoder: one output over a text

@@ -51,6 +51,7 @@ from openai_api.protocol import (
     parse_classify,
     parse_decode,
     parse_embeddings,
+    parse_instruction,
     parse_priority,
     parse_ranking,
     parse_rerank,
@@ -81,6 +82,8 @@ class FastJSONResponse(JSONResponse):
 TEI_NORMALIZE = {"normalize": True}
 TEI_WHOLE = {"truncate": False}
 TEI_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# the model's kind as TEI's /info names it, by family
+TEI_KINDS = {"classifier": "classifier", "reranker": "reranker", "decoder_reranker": "reranker"}
 
 
 def class_names(labels: tuple[str, ...], classes: int) -> tuple[str, ...]:
@@ -223,6 +226,7 @@ def create_app(
                 query.truncation,
                 query.priority,
                 query.field,
+                query.instruction,
             ),
         )
 
@@ -357,7 +361,7 @@ def create_app(
         if manifest.family == "embedding":
             pooling = str(manifest.source.get("pooling") or "mean")
             family = {"pooling": pooling, "dimension": info.output_dim}
-        elif manifest.labels or manifest.family in ("classifier", "reranker"):
+        elif manifest.labels or manifest.family in TEI_KINDS:
             labels = class_names(manifest.labels, info.output_dim)
             family = {
                 "id2label": {str(i): label for i, label in enumerate(labels)},
@@ -368,7 +372,7 @@ def create_app(
             "served_model_name": info.name,
             "model_sha": None,
             "model_dtype": TEI_DTYPES.get(manifest.precision, manifest.precision),
-            "model_type": {manifest.family: family},
+            "model_type": {TEI_KINDS.get(manifest.family, manifest.family): family},
             "family": manifest.family,
             "max_input_length": files.longest_row,
             "max_client_batch_size": MAX_INPUTS,
@@ -439,6 +443,7 @@ def create_app(
                         parse_truncation(v1),
                         parse_priority(v1),
                         "inputs",
+                        parse_instruction(v1),
                     ),
                 )
                 labels = repository.files(model).manifest.labels if repository.root else ()

@@ -243,11 +243,14 @@ class TritonBackend:
         truncation: Truncation = MODEL_DEFAULT,
         priority: int = 0,
         field: str = "documents",
+        instruction: str | None = None,
     ) -> Served:
         """The score of (query, document) for each document, in their order ([documents, 1]),
         the tokens and where the time went; ``query``: one for every document, or each its own;
         ``field``: the request's name for the documents, to name one in an error."""
         parameters = {**truncation.parameters(), **class_parameter(priority)}
+        if instruction is not None:
+            parameters["instruction"] = instruction
         queries = [query] * len(documents) if isinstance(query, str) else query
         # each chunk carries the query once per document: Triton's core refuses a request whose
         # batched inputs differ in rows, so a one-row query cannot pair with many documents.

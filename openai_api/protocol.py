@@ -397,6 +397,16 @@ class RerankQuery:
     truncation: Truncation = MODEL_DEFAULT
     priority: int = 0  # its service class (parse_priority)
     field: str = "documents"  # the field the documents came in, to name one in an error
+    instruction: str | None = None  # a decoder reranker's instruction; None: the model's own
+
+
+def parse_instruction(body: dict[str, Any]) -> str | None:
+    """``instruction``: what a decoder reranker is told to judge (its template's default when
+    absent); a model without a template refuses it."""
+    instruction = body.get("instruction")
+    if instruction is not None and not isinstance(instruction, str):
+        raise bad_request("`instruction` must be a string", param="instruction")
+    return instruction
 
 
 def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
@@ -442,6 +452,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
         parse_truncation(body),
         parse_priority(body),
         param,
+        parse_instruction(body),
     )
 
 
@@ -471,7 +482,7 @@ def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) 
 
 # -- /v1/ranking (NIM's shape) --------------------------------------------------------------------
 
-RANKING_NAMES = {name: name for name in ("model", "query", "truncate", "priority")}
+RANKING_NAMES = {name: name for name in ("model", "query", "truncate", "priority", "instruction")}
 RANKING_NAMES["passages"] = "documents"
 
 

@@ -42,11 +42,11 @@ RENAMES: dict[str, dict[str, str]] = {
         **_same("normalize", "prompt_name", "dimensions", "priority"),
     },
     "rerank": {
-        **_same("query", "texts", "raw_scores", "priority"),
+        **_same("query", "texts", "raw_scores", "priority", "instruction"),
         **TRUNCATION,
         "return_text": "return_documents",
     },
-    "predict": {"inputs": "input", **TRUNCATION, **_same("raw_scores", "priority")},
+    "predict": {"inputs": "input", **TRUNCATION, **_same("raw_scores", "priority", "instruction")},
     "tokenize": _same("inputs", "add_special_tokens", "prompt_name"),
     "decode": _same("ids", "skip_special_tokens"),
 }

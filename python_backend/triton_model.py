@@ -211,9 +211,11 @@ def request_decoder(
 ) -> RequestDecoder:
     return RequestDecoder(
         settings=settings,
-        tokenizer=TextTokenizer(instance.version_dir / manifest.tokenizer_file, longest_row),
+        tokenizer=TextTokenizer(
+            instance.version_dir / manifest.tokenizer_file, longest_row, manifest.rerank_template
+        ),
         limits=Limits(
-            instance.max_rows_per_request, longest_row, manifest.vocab_size, manifest.takes_pairs
+            instance.max_rows_per_request, longest_row, manifest.vocab_size, manifest.text_pairs
         ),
         prompts=Prompts(manifest.prompts, manifest.default_prompt_name),
         normalization=Normalization(

@@ -7,6 +7,7 @@ are declared in ``settings``.)
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 from enum import Enum
 
@@ -80,7 +81,53 @@ FAMILY_CONTRACTS: dict[str, FamilyContract] = {
     "decoder": FamilyContract("LOGITS"),
     # cross-encoders: a relevance logit per (text, text pair)
     "reranker": FamilyContract("SCORE", (*ENGINE_INPUTS, TOKEN_TYPE_INPUT)),
+    # causal LMs that judge a (query, document) pair in a prompt template (RerankTemplate): the
+    # "yes" logit less the "no" logit at the last token, whose sigmoid is P(yes | yes or no)
+    "decoder_reranker": FamilyContract("SCORE"),
 }
+
+
+@dataclass(frozen=True)
+class RerankTemplate:
+    """How a decoder reranker reads a (query, document) pair: ``prefix_ids``, then ``body``
+    (``{instruction}``, ``{query}`` and ``{document}`` filled in) tokenized as one text, then
+    ``suffix_ids``; ``instruction``: the default, a request may name its own. ``yes_id`` and
+    ``no_id`` are the tokens whose last-position logits the graph compares."""
+
+    prefix_ids: tuple[int, ...]
+    body: str
+    suffix_ids: tuple[int, ...]
+    instruction: str
+    yes_id: int
+    no_id: int
+
+    def __post_init__(self) -> None:
+        try:
+            names = [n for _, n, _, _ in string.Formatter().parse(self.body) if n is not None]
+        except ValueError as err:
+            raise ValueError(f"the rerank template's body is not a format string: {err}") from None
+        if sorted(names) not in (["document", "query"], ["document", "instruction", "query"]):
+            raise ValueError(
+                "the rerank template's body must hold {query} and {document} once each, and "
+                f"{{instruction}} at most once, and nothing else in braces; it holds {names}"
+            )
+
+    def parts(
+        self, query: str, document: str, instruction: str
+    ) -> tuple[str, tuple[int, int], tuple[int, int]]:
+        """The body with the pair filled in, and the characters the query and the document
+        take in it."""
+        text, spans = "", {}
+        for literal, name, _, _ in string.Formatter().parse(self.body):
+            text += literal
+            if name is None:
+                continue
+            value = {"query": query, "document": document, "instruction": instruction}[name]
+            spans[name] = (len(text), len(text) + len(value))
+            text += value
+        return text, spans["query"], spans["document"]
+
+
 FAMILIES: tuple[str, ...] = tuple(FAMILY_CONTRACTS)
 FAMILY_OUTPUTS: dict[str, str] = {name: f.output_name for name, f in FAMILY_CONTRACTS.items()}
 

@@ -50,6 +50,7 @@ class RequestOptions:
     normalize: bool | None = None  # embeddings at unit length, or not; None: the model's default
     timings: bool = False  # answer TIMINGS too: where the request's time went
     priority: int = 1  # its service class (CLASS_PARAMETER): 1 is served first
+    instruction: str | None = None  # a decoder reranker's instruction; None: the model's own
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,12 @@ def parse_options(
             Reason.BAD_PARAMETER,
             f"parameter prompt_name must be a string, got {prompt_name!r:.64}",
         )
+    instruction = parameters.get("instruction")
+    if instruction is not None and not isinstance(instruction, str):
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            f"parameter instruction must be a string, got {str(instruction)[:64]!r}",
+        )
     client = parameters.get(CLIENT_PARAMETER, "")
     if not isinstance(client, str) or len(client) > MAX_CLIENT_NAME:
         raise ServeError(
@@ -143,6 +150,7 @@ def parse_options(
         normalize=normalize,
         timings=timings,
         priority=priority or key_class,
+        instruction=instruction,
     )
 
 
@@ -273,15 +281,31 @@ def decode_text(
     prompts: Prompts | None = None,
     pair: np.ndarray | None = None,
 ) -> list[np.ndarray]:
+    if options.instruction is not None and tokenizer.template is None:
+        raise ServeError(
+            Reason.BAD_PARAMETER,
+            "parameter instruction is for decoder rerankers (a prompt template); this model has "
+            "none",
+        )
     prefix = (prompts or Prompts()).prefix(options.prompt_name)
     texts = [prefix + t for t in _text_rows("TEXT", text, limits, options)]
-    if pair is not None:
-        if pair.shape != text.shape:
-            raise ServeError(
-                Reason.BAD_SHAPE,
-                f"input TEXT_PAIR must have TEXT's shape {list(text.shape)}, got "
-                f"{list(pair.shape)}",
+    if pair is not None and pair.shape != text.shape:
+        raise ServeError(
+            Reason.BAD_SHAPE,
+            f"input TEXT_PAIR must have TEXT's shape {list(text.shape)}, got {list(pair.shape)}",
+        )
+    if pair is not None and tokenizer.template is not None:
+        try:
+            rows = tokenizer.encode_template(
+                texts,
+                _text_rows("TEXT_PAIR", pair, limits, options),
+                options.truncate,
+                options.truncation_side,
+                options.instruction,
             )
+        except ValueError as err:
+            raise ServeError(Reason.TOO_LONG, str(err)) from None
+    elif pair is not None:
         rows = tokenizer.encode_pairs(
             texts,
             _text_rows("TEXT_PAIR", pair, limits, options),

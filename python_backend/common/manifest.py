@@ -28,6 +28,7 @@ from python_backend.common.contract import (
     FAMILY_CONTRACTS,
     FAMILY_OUTPUTS,
     TOKEN_TYPE_INPUT,
+    RerankTemplate,
 )
 from python_backend.common.cost_models import (
     CostModel,
@@ -104,6 +105,8 @@ class Manifest:
     source: dict[str, Any] = field(default_factory=dict)  # where the model came from
     # where the engine runs: gpu | cpu; None (manifests written before it): as runs_on_gpu derives
     device: str | None = None
+    # decoder rerankers: how a (query, document) pair becomes one row
+    rerank_template: RerankTemplate | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -123,8 +126,13 @@ class Manifest:
 
     @property
     def takes_pairs(self) -> bool:
-        """Takes TEXT with TEXT_PAIR: the graph reads each token's type (cross-encoders)."""
+        """The graph reads each token's type (cross-encoders: their rows are pairs)."""
         return TOKEN_TYPE_INPUT in self.input_names
+
+    @property
+    def text_pairs(self) -> bool:
+        """Takes TEXT with TEXT_PAIR: a cross-encoder, or a decoder reranker's template."""
+        return self.takes_pairs or self.rerank_template is not None
 
     @cached_property
     def engine_profiles(self) -> EngineProfiles:
@@ -296,6 +304,7 @@ def manifest_from_dict(data: Any) -> Manifest:
                 "numbers"
             )
         ranges = (tuple(float(x) for x in ranges[0]), tuple(float(x) for x in ranges[1]))
+    template = _rerank_template(data, family)
     manifest = Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -325,6 +334,7 @@ def manifest_from_dict(data: Any) -> Manifest:
         graph_normalizes=graph_normalizes,
         quantization_ranges=ranges,
         quantization_sample=_optional_file(data, "quantization_sample"),
+        rerank_template=template,
         format_version=FORMAT_VERSION,
     )
     written = data.get("engine_profiles")
@@ -355,6 +365,32 @@ def _optional_file(data: dict[str, Any], key: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value or "/" in value):
         raise ManifestError(f"manifest field '{key}' must name a file beside the manifest")
     return value
+
+
+def _rerank_template(data: dict[str, Any], family: str) -> RerankTemplate | None:
+    """A decoder reranker's template: required for that family, refused for any other."""
+    raw = data.get("rerank_template")
+    if (raw is not None) != (family == "decoder_reranker"):
+        raise ManifestError("manifest field 'rerank_template' is for decoder rerankers, and theirs")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ManifestError("manifest field 'rerank_template' must be an object")
+    try:
+        ids = {
+            k: tuple(int(t) for t in _require(raw, k, list, "rerank_template."))
+            for k in ("prefix_ids", "suffix_ids")
+        }
+        return RerankTemplate(
+            prefix_ids=ids["prefix_ids"],
+            body=_require(raw, "body", str, "rerank_template."),
+            suffix_ids=ids["suffix_ids"],
+            instruction=_require(raw, "instruction", str, "rerank_template."),
+            yes_id=_require(raw, "yes_id", int, "rerank_template."),
+            no_id=_require(raw, "no_id", int, "rerank_template."),
+        )
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"manifest field 'rerank_template' is invalid: {err}") from None
 
 
 def _input_names(data: dict[str, Any], version: int, family: str) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from python_backend.common.contract import pack_token_types
+from python_backend.common.contract import RerankTemplate, pack_token_types
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,20 @@ class TokenSpans:
     spans: list[tuple[int, int] | None]
 
 
+def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each of two texts stay within ``budget``, cut one at a time from the
+    longer (the second on a tie), as Hugging Face tokenizers cut a pair ("longest_first")."""
+    if first + second <= budget:
+        return first, second
+    if 2 * min(first, second) <= budget:
+        return (first, budget - first) if first <= second else (budget - second, second)
+    return (budget + 1) // 2, budget // 2
+
+
 class TextTokenizer:
-    def __init__(self, path: Path, max_length: int) -> None:
+    def __init__(self, path: Path, max_length: int, template: RerankTemplate | None = None) -> None:
         self.max_length = max_length
+        self.template = template
         self._truncating = {side: Tokenizer.from_file(str(path)) for side in ("right", "left")}
         for side, tokenizer in self._truncating.items():
             tokenizer.no_padding()
@@ -75,6 +86,60 @@ class TextTokenizer:
             pack_token_types(np.asarray(e.ids), np.asarray(e.type_ids))
             for e in tokenizer.encode_batch(list(zip(texts, pairs, strict=True)))
         ]
+
+    def encode_template(
+        self,
+        queries: list[str],
+        documents: list[str],
+        truncate: bool,
+        side: str = "right",
+        instruction: str | None = None,
+    ) -> list[np.ndarray]:
+        """Each (query, document) as a decoder reranker's row: the template's prefix, its body
+        with the pair filled in (tokenized as one text, as the model's own recipe does), its
+        suffix. Over ``max_length``, the query's and the document's tokens are cut longest first
+        from ``side``; the template's own tokens always stay."""
+        template = self.template
+        assert template is not None
+        instruction = template.instruction if instruction is None else instruction
+        filled = [
+            template.parts(q, d, instruction) for q, d in zip(queries, documents, strict=True)
+        ]
+        fixed = len(template.prefix_ids) + len(template.suffix_ids)
+        rows = []
+        for encoding, (_, query, document) in zip(
+            self._whole.encode_batch([text for text, _, _ in filled]), filled, strict=True
+        ):
+            ids = np.asarray(encoding.ids, dtype=np.int64)
+            if truncate and fixed + len(ids) > self.max_length:
+                starts = np.asarray([a for a, _ in encoding.offsets])
+                ends = np.asarray([b for _, b in encoding.offsets])
+                special = np.asarray(encoding.special_tokens_mask, dtype=bool)
+                in_query = ~special & (starts < query[1]) & (ends > query[0])
+                in_document = ~special & ~in_query & (starts < document[1]) & (ends > document[0])
+                own = len(ids) - int(in_query.sum()) - int(in_document.sum())
+                budget = self.max_length - fixed - own
+                if budget < 2:
+                    raise ValueError(
+                        f"the rerank template and its instruction take {fixed + own} of the "
+                        f"{self.max_length} tokens a row holds"
+                    )
+                kept = ~(in_query | in_document)
+                counts = longest_first(int(in_query.sum()), int(in_document.sum()), budget)
+                for part, count in zip((in_query, in_document), counts, strict=True):
+                    where = np.flatnonzero(part)
+                    kept[where[-count:] if side == "left" else where[:count]] = count > 0
+                ids = ids[kept]
+            rows.append(
+                np.concatenate(
+                    [
+                        np.asarray(template.prefix_ids, dtype=np.int64),
+                        ids,
+                        np.asarray(template.suffix_ids, dtype=np.int64),
+                    ]
+                )
+            )
+        return rows
 
     def spans(
         self,

@@ -186,12 +186,25 @@ class LastTokenScorer(nn.Module):
         return self.head(hidden[rows, last]).float()  # [B, H] -> [B, V or len(ids)]
 
 
+class YesNoScorer(LastTokenScorer):
+    """A decoder reranker's score: the "yes" logit less the "no" logit at the last real token,
+    [B, 1]; its sigmoid is P(yes) over yes and no, the softmax of the two."""
+
+    def __init__(self, model: nn.Module, yes_id: int, no_id: int) -> None:
+        super().__init__(model, [yes_id, no_id])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        both = super().forward(input_ids, attention_mask)  # [B, 2]: yes, no
+        return both[:, :1] - both[:, 1:]
+
+
 # each wrapper's record name, and the transformers auto class of the model it wraps
 WRAPPERS = {
     "embedding": "AutoModel",  # EmbeddingHead
     "classifier": "AutoModelForSequenceClassification",  # ClassifierHead
     "pair_scorer": "AutoModelForSequenceClassification",  # PairScorer
     "last_token": "AutoModelForCausalLM",  # LastTokenScorer
+    "yes_no": "AutoModelForCausalLM",  # YesNoScorer
 }
 
 
@@ -223,7 +236,8 @@ def wrapper_record(module: nn.Module) -> dict[str, Any]:
         }
         name, config = "embedding", module.encoder.config
     elif isinstance(module, LastTokenScorer):
-        name, config, settings = "last_token", module.body.config, {"token_ids": module.token_ids}
+        name = "yes_no" if isinstance(module, YesNoScorer) else "last_token"
+        config, settings = module.body.config, {"token_ids": module.token_ids}
     elif isinstance(module, PairScorer | ClassifierHead):
         name = "pair_scorer" if isinstance(module, PairScorer) else "classifier"
         config, settings = module.model.config, {}
@@ -289,6 +303,8 @@ def rebuild_wrapper(record: dict[str, Any]) -> nn.Module:
         return EmbeddingHead(transformer, settings["pooling"], settings["normalize"], dense)
     if name == "last_token":
         return LastTokenScorer(transformer, settings["token_ids"] or None)
+    if name == "yes_no":
+        return YesNoScorer(transformer, *settings["token_ids"])
     return PairScorer(transformer) if name == "pair_scorer" else ClassifierHead(transformer)
 
 

@@ -65,7 +65,7 @@ def build_repository(root: Path) -> Path:
     # (Triton's classification extension), a cross-encoder (/v1/rerank), and an encoder whose
     # forwards cost next to nothing (for the adapter's memory under large requests)
     from builder.build import default_model_dir
-    from builder.tiny_models import save_tiny_model
+    from builder.tiny_models import save_tiny_decoder_reranker, save_tiny_model
 
     tokenizer = default_model_dir() / "tokenizer.json"
     for family, name in (
@@ -84,6 +84,19 @@ def build_repository(root: Path) -> Path:
                 quiet=True,
             )
         )
+    # a decoder reranker (Qwen3-Reranker's recipe on a tiny Qwen3 with a tokenizer of its own)
+    build(
+        BuildSpec(
+            model_dir=save_tiny_decoder_reranker(root / "tiny-qwen3"),
+            name="qwen3_reranker",
+            family="decoder_reranker",
+            repository=repository,
+            engine="onnxruntime",
+            buckets=(64, 128, 256),
+            calibration_repeats=0,
+            quiet=True,
+        )
+    )
     return repository
 
 
@@ -230,6 +243,7 @@ def stack(repository, tmp_path_factory):
         "reranker",
         "classifier",
         "tiny_embedder",
+        "qwen3_reranker",
     )
     root = tmp_path_factory.mktemp("stack")
     keys = root / "api-keys"  # beside API_KEY: a named key whose clients are in class 2

@@ -145,6 +145,7 @@ def test_models_are_listed(api):
         "minilm",
         "minilm_matryoshka",
         "minilm_prompts",
+        "qwen3_reranker",
         "reranker",
         "tiny_embedder",
     ]

@@ -36,3 +36,21 @@ def test_each_token_names_its_characters_in_the_input(tokenizer):
     assert spans.special == [True, False, False, False, False, True]
     # the prompt's tokens and the special ones are not in the input
     assert spans.spans == [None, None, None, (0, 5), (6, 11), None]
+
+
+def test_longest_first_cuts_the_longer_text_one_token_at_a_time():
+    """Against the rule itself, run token by token: the longer loses one, the second on a tie."""
+    from python_backend.common.tokenization import longest_first
+
+    def one_at_a_time(first: int, second: int, budget: int) -> tuple[int, int]:
+        while first + second > budget:
+            if first > second:
+                first -= 1
+            else:
+                second -= 1
+        return first, second
+
+    for first in range(24):
+        for second in range(24):
+            for budget in range(32):
+                assert longest_first(first, second, budget) == one_at_a_time(first, second, budget)
