@@ -73,6 +73,7 @@ CHECKS = {
     "classifier": ("classifier", None),
     "reranker": ("reranker", None),
     "decoder": ("decoder", None),
+    "decoder_reranker": ("decoder_reranker", None),
 }
 POOLING_FLAGS = {
     "cls": "pooling_mode_cls_token",
@@ -105,6 +106,10 @@ def pooling_variant(model_dir: Path, pooling: str, folder: Path) -> Path:
 def check_model_dir(check: str, minilm: Path, work_dir: Path) -> Path:
     """The model directory a check builds."""
     family, pooling = CHECKS[check]
+    if family == "decoder_reranker":
+        from builder.tiny_models import save_tiny_decoder_reranker
+
+        return save_tiny_decoder_reranker(work_dir / "tiny-qwen3")
     if family != "embedding":
         from builder.tiny_models import save_tiny_model
 
@@ -137,6 +142,7 @@ def check_spec(check: str, model_dir: Path, args: argparse.Namespace) -> BuildSp
         max_batch=128,
         token_budget=32768,
         timing_cache=args.work_dir / "tensorrt-timing.cache",
+        family=CHECKS[check][0] if CHECKS[check][0] == "decoder_reranker" else "auto",
         quiet=True,
     )
 
