@@ -96,8 +96,10 @@ def check_engine(
     min_cosine: float,
     rng: np.random.Generator,
     run_eagerly: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    max_score_diff: float = MAX_SCORE_DIFF,
 ) -> list[Comparison]:
-    """Compares ``candidate`` with ``reference`` over every size the server runs (above)."""
+    """Compares ``candidate`` with ``reference`` over every size the server runs (above); a
+    single score by its difference, at most ``max_score_diff``."""
     results: list[Comparison] = []
     eager = run_eagerly or candidate.run
     pairs = manifest.takes_pairs
@@ -108,7 +110,7 @@ def check_engine(
         want = reference.run(ids[:ROWS_PER_CHECK], mask[:ROWS_PER_CHECK])
         cosine = float(cosine_rows(got, want).min())
         diff = float(np.abs(got - want).max())
-        close = diff <= MAX_SCORE_DIFF if got.shape[1] == 1 else cosine >= min_cosine
+        close = diff <= max_score_diff if got.shape[1] == 1 else cosine >= min_cosine
         ok = bool(np.isfinite(got).all()) and close
         results.append(Comparison(phase, length, len(rows), cosine, diff, ok))
 

@@ -19,7 +19,13 @@ as the default model is served) on a GPU, the builder tests' tiny BERT on the CP
 3. times a forward at every bucket and captured size, prints the table and the fixed cost of
    one forward in tokens (the affine fit's overhead), and writes both as a cost table file
    that the simulator reads (``--cost table:FILE``);
-4. exits 1 on any mismatch or on a size that could not be captured.
+4. checks every other wrapper family (classifier, cross-encoder, decoder scorer, decoder
+   reranker) on tiny models from configs the same way, each in the precision its build takes
+   here (decoders BF16 on a GPU that has it), against its eager forward and FP32 on the CPU;
+5. shows the server's finiteness check refuse a decoder whose activations pass FP16's range in
+   FP16 and answer it in BF16 and FP32, and measures the CPU a thread spends waiting for the GPU
+   on a stream's synchronize (a spin) and on a blocking event (the engine's wait);
+6. exits 1 on any mismatch, a size that could not be captured, or an overflow not caught.
 """
 
 from __future__ import annotations
@@ -268,6 +274,179 @@ def run_check(target: Target, work_dir: Path, table_out: Path, command: str) -> 
     return ok
 
 
+# -- every wrapper family, an FP16 overflow, and how a GPU wait spends the CPU -------------------
+
+# each wrapper family beside the embedding check, with its output's width here
+FAMILY_OUTPUT_DIMS = {"classifier": 3, "reranker": 1, "decoder": 2, "decoder_reranker": 1}
+WRAPPED_FAMILIES = tuple(FAMILY_OUTPUT_DIMS)
+SCORED_IDS = (2023, 2025)  # the decoders' chosen token ids (yes, no for the reranker)
+
+
+def family_module(family: str) -> torch.nn.Module:
+    """The family's wrapper around a tiny model built from its config with a fixed seed (BERT for
+    the encoders, Llama for the decoder, Qwen3 for the decoder reranker)."""
+    import transformers
+
+    from python_backend.engines.torch_modules import (
+        ClassifierHead,
+        LastTokenScorer,
+        PairScorer,
+        YesNoScorer,
+    )
+
+    torch.manual_seed(SEED)
+    if family == "classifier":
+        config = transformers.BertConfig(**TINY, id2label={i: f"LABEL_{i}" for i in range(3)})
+        return ClassifierHead(transformers.BertForSequenceClassification(config)).eval()
+    if family == "reranker":
+        config = transformers.BertConfig(**TINY, id2label={0: "LABEL_0"}, type_vocab_size=2)
+        return PairScorer(transformers.BertForSequenceClassification(config)).eval()
+    if family == "decoder":
+        llama = transformers.LlamaConfig(**TINY, num_key_value_heads=2, pad_token_id=0)
+        return LastTokenScorer(transformers.LlamaForCausalLM(llama), list(SCORED_IDS)).eval()
+    qwen = transformers.Qwen3Config(**TINY, num_key_value_heads=1, head_dim=16, pad_token_id=0)
+    return YesNoScorer(transformers.Qwen3ForCausalLM(qwen), *SCORED_IDS).eval()
+
+
+def family_precision(target: Target, family: str) -> str:
+    """What a build of the family runs in on the torch engine here (builder.precision)."""
+    from builder.precision import default_precision
+
+    gpu = target.device == "cuda"
+    bf16 = gpu and torch.cuda.is_bf16_supported()
+    return default_precision("torch", family.startswith("decoder"), gpu, bf16)
+
+
+def check_family(target: Target, family: str, work_dir: Path) -> list[tuple[str, Comparison]]:
+    """The family's torch engine (CUDA graphs on a GPU) against its eager forward and against
+    the same module in FP32 on the CPU, at every size the server runs."""
+    from builder.engine_compare import REFERENCE_MAX_SCORE_DIFF, REFERENCE_MIN_COSINE
+    from python_backend.common.contract import FAMILY_CONTRACTS
+
+    folder = work_dir / family
+    folder.mkdir(parents=True, exist_ok=True)
+    module = family_module(family)
+    files = save_torch_model(module, folder)
+    buckets, long_rows, max_length, max_batch = layout(target)
+    contract = FAMILY_CONTRACTS[family]
+    precision = family_precision(target, family)
+    manifest = Manifest(
+        model_name=f"{family}-check",
+        family=family,
+        output_name=contract.output_name,
+        output_dim=FAMILY_OUTPUT_DIMS[family],
+        tokenizer_file="tokenizer.json",
+        max_length=max_length,
+        vocab_size=int(TINY["vocab_size"]),
+        pad_token_id=0,
+        buckets=buckets,
+        max_batch=max_batch,
+        engine_kind="torch",
+        engine_files=files,
+        precision=precision,
+        cost_model=LinearCost(0.0),
+        long_rows=long_rows,
+        engine_version=str(torch.__version__),
+        input_names=contract.input_names,
+    )
+    engine = TorchEngine(manifest, folder)
+    cpu = TorchEngine(replace(manifest, precision="fp32"), folder)
+    references: dict[str, tuple[Any, float, float]] = {
+        "cpu-fp32": (
+            cpu,
+            REFERENCE_MIN_COSINE[precision][family],
+            REFERENCE_MAX_SCORE_DIFF[precision],
+        )
+    }
+    if engine.cuda is not None:
+        references = {"eager": (EagerForward(engine), MIN_COSINE[family], 0.02), **references}
+    results = []
+    for name, (reference, min_cosine, max_diff) in references.items():
+        rng = np.random.default_rng(SEED)
+        for r in check_engine(
+            engine, reference, manifest, min_cosine, rng, engine.run_eagerly, max_diff
+        ):
+            results.append((f"{family} {precision} vs {name}", r))
+    engine.close()
+    cpu.close()
+    return results
+
+
+def overflow_check(target: Target) -> bool:
+    """A tiny Llama whose first MLP's activations pass FP16's range (about 4.6e6, as the
+    outlier dimensions of real decoders do): the server's finiteness check
+    (``runners.finite_rows``) refuses every row in FP16 and none in BF16 or FP32."""
+    import transformers
+
+    from python_backend.engines.torch_modules import LastTokenScorer
+    from python_backend.scheduling.runners import finite_rows
+
+    torch.manual_seed(SEED)
+    llama = transformers.LlamaConfig(**TINY, num_key_value_heads=2, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(llama).eval()
+    with torch.no_grad():
+        mlp = model.model.layers[0].mlp
+        for unit, sign in ((0, 1.0), (1, -1.0)):  # one of the two fires, whatever the input's sign
+            mlp.gate_proj.weight[unit].fill_(50.0 * sign)
+            mlp.up_proj.weight[unit].fill_(50.0 * sign)
+            mlp.down_proj.weight[:, unit].fill_(10.0)
+    scorer = LastTokenScorer(model, list(SCORED_IDS)).eval()
+    ids = torch.from_numpy(np.random.default_rng(SEED).integers(1000, 29000, (8, 24)))
+    device = torch.device(target.device)
+    finite = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with torch.no_grad():
+            out = scorer.to(device, dtype)(ids.to(device), torch.ones_like(ids).to(device))
+        finite[name] = int(finite_rows(out.float().cpu().numpy()).sum())
+    print(f"\nan FP16 overflow ({target.device}): rows answered finite of 8: {finite}")
+    return finite == {"fp32": 8, "bf16": 8, "fp16": 0}
+
+
+def wait_cpu(target: Target) -> None:
+    """The CPU a thread spends waiting for the GPU: a stream's synchronize (CUDA's default
+    schedule spins) against a blocking event (the engine's wait)."""
+    import time
+
+    if target.device != "cuda":
+        print("\nGPU waits: no GPU here, nothing to measure")
+        return
+    stream = torch.cuda.Stream()
+    print("\nGPU waits of a 0.2 s kernel: CPU seconds per wall second")
+    for name in ("stream.synchronize", "blocking event"):
+        shares = []
+        for _ in range(3):
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(int(2e8))  # about 0.1-0.3 s of GPU clock cycles
+            cpu, wall = time.process_time(), time.perf_counter()
+            if name == "blocking event":
+                done = torch.cuda.Event(blocking=True)
+                done.record(stream)
+                done.synchronize()
+            else:
+                stream.synchronize()
+            shares.append((time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
+        print(f"{name:>20}: {min(shares):.2f} to {max(shares):.2f}")
+
+
+def check_families(target: Target, work_dir: Path) -> bool:
+    """Every wrapper family's engine against its references (one line each: its worst row, and
+    any size that is off in full), the FP16 overflow, and the GPU wait's CPU."""
+    results = [r for family in WRAPPED_FAMILIES for r in check_family(target, family, work_dir)]
+    print(f"\n{'family, precision, against':>36} {'sizes':>5} {'min cos':>9} {'max|diff|':>10}")
+    for name in dict.fromkeys(n for n, _ in results):
+        mine = [r for n, r in results if n == name]
+        worst_cosine = min(r.min_cosine for r in mine)
+        worst_diff = max(r.max_abs_diff for r in mine)
+        flag = "" if all(r.ok for r in mine) else "  MISMATCH"
+        print(f"{name:>36} {len(mine):>5} {worst_cosine:>9.5f} {worst_diff:>10.2e}{flag}")
+    off = [(n, r) for n, r in results if not r.ok]
+    if off:
+        print_comparisons(off)
+    overflow = overflow_check(target)
+    wait_cpu(target)
+    return all(r.ok for _, r in results) and overflow
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m builder.gpu_check --engine torch``'s options (``argv`` without --engine)."""
     parser = argparse.ArgumentParser(prog="python -m builder.gpu_check --engine torch")
@@ -291,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m builder.gpu_check --engine torch", shlex.join(argv or [])])
     if args.work_dir is not None:
         ok = run_check(target, args.work_dir, args.table_out, command)
+        ok = check_families(target, args.work_dir / "families") and ok
     else:
         with tempfile.TemporaryDirectory(prefix="torch-check-") as folder:
             ok = run_check(target, Path(folder), args.table_out, command)
+            ok = check_families(target, Path(folder) / "families") and ok
     print("PASS" if ok else "FAIL: see MISMATCH above")
     return 0 if ok else 1

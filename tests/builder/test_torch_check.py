@@ -54,6 +54,10 @@ def test_the_cpu_form_passes_imports_only_what_the_gpu_machine_has_and_writes_a_
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "PASS" in done.stdout and "MISMATCH" not in done.stdout
+    for family in ("classifier", "reranker", "decoder", "decoder_reranker"):
+        assert f"{family} fp32 vs cpu-fp32" in done.stdout
+    # the finiteness check: every row refused in FP16, none in BF16 or FP32
+    assert "rows answered finite of 8: {'fp32': 8, 'bf16': 8, 'fp16': 0}" in done.stdout
     modules = json.loads(done.stdout.rsplit("MODULES ", 1)[1])
     assert not set(ABSENT_THERE) & set(modules)
     assert {"torch", "transformers", "numpy"} <= set(modules)
