@@ -381,6 +381,15 @@ def resolve(spec: BuildSpec) -> Resolved:
     )
 
 
+def tensorrt_strongly_typed(asked: bool) -> bool:
+    """Whether the TensorRT here builds this engine strongly typed (``tensorrt_checks``)."""
+    import tensorrt
+
+    from python_backend.engines.tensorrt_checks import strongly_typed
+
+    return strongly_typed(str(tensorrt.__version__), asked)
+
+
 def require_tensorrt_major() -> None:
     """The TensorRT here is the major the builder writes plans for, or a BuildError naming it."""
     import tensorrt
@@ -580,9 +589,12 @@ def export_and_build_engine(
         return files, str(torch.__version__)
     onnx_dir = version_dir if kind == "onnxruntime" else spec.work_dir / spec.name
     onnx_dir.mkdir(parents=True, exist_ok=True)
+    typed = kind == "tensorrt" and tensorrt_strongly_typed(spec.strongly_typed)
     with progress("export ONNX"):
-        onnx_path = export_onnx(model, onnx_dir / "model.onnx")
-        progress.detail(f"{onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB)")
+        # a strongly typed network takes its precision from the graph: exported in it
+        onnx_precision = resolved.precision if typed else "fp32"
+        onnx_path = export_onnx(model, onnx_dir / "model.onnx", precision=onnx_precision)
+        progress.detail(f"{onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB, {onnx_precision})")
     if kind == "tensorrt" and resolved.precision == "fp16":
         check_fp16_range(onnx_path, progress)
     with progress(f"build {kind} engine"):
@@ -597,6 +609,7 @@ def export_and_build_engine(
                 spec.timing_cache,
                 log=progress.detail,
                 timing_cache_fallback=spec.work_dir / "tensorrt-timing.cache",
+                strongly_typed=typed,
             )
             engine_files: tuple[str, ...] = ENGINE_FILES["tensorrt"]
         else:

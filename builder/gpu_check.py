@@ -143,6 +143,7 @@ def check_spec(check: str, model_dir: Path, args: argparse.Namespace) -> BuildSp
         token_budget=32768,
         timing_cache=args.work_dir / "tensorrt-timing.cache",
         family=CHECKS[check][0] if CHECKS[check][0] == "decoder_reranker" else "auto",
+        strongly_typed=bool(getattr(args, "strongly_typed", False)),
         quiet=True,
     )
 
@@ -206,6 +207,11 @@ def tensorrt_main(argv: list[str]) -> int:
     parser.add_argument("--max-length", type=int, default=192, help="long-row profile up to here")
     parser.add_argument("--families", default=",".join(CHECKS), help="checks to run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/gpu-check"))
+    parser.add_argument(
+        "--strongly-typed",
+        action="store_true",
+        help="build the strongly typed networks TensorRT 11 takes (the ONNX in FP16)",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.families.split(",")) - set(CHECKS))
     if unknown:

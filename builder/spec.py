@@ -152,6 +152,12 @@ class BuildSpec:
         "may use, within its container's CPU limit)",
         default=None,
     )
+    strongly_typed: bool = _opt(
+        "TensorRT: a strongly typed network, its precision exported into the ONNX (FP16 weights "
+        "and activations; norms, pooling and normalisation in FP32): TensorRT 11's only form, "
+        "here on 10 too",
+        default=False,
+    )
     quiet: bool = _opt("print only errors", default=False)
     force: bool = _opt(
         "build even when the engines present were built from the same model, settings and "

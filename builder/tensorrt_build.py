@@ -7,10 +7,14 @@ at the batch the planner really runs there (``builder.opt_shapes``). An optional
 at their exact length. A timing cache file is reused across builds: rebuilding after a bucket
 change re-times only new shapes.
 
-In FP16 the pooling and L2 normalisation stay in FP32: their layers (the graph's nodes under
+A weakly typed network (TensorRT 10's default here) runs FP16 where ``BuilderFlag.FP16`` lets
+it; the pooling and L2 normalisation stay in FP32: their layers (the graph's nodes under
 ``torch_modules.FP32_SCOPES``, ``builder.precision.fp32_layers``) are constrained to FP32
 computation and FP32 outputs, and the builder obeys the constraints (a build that cannot fails
-instead of falling back): a mean over a long row of FP16 hidden states would overflow FP16.
+instead of falling back): a mean over a long row of FP16 hidden states would overflow FP16. A
+strongly typed network (TensorRT 11's only form; ``--strongly-typed`` on 10) takes every
+tensor's type from the ONNX, which the export writes in the engine's precision with norms,
+pooling and normalisation in FP32 (``builder.export_onnx``).
 
 TensorRT only exists on GPU nodes (NVIDIA's containers); this module is type-checked against the
 TensorRT 10.13 stubs everywhere and run on the node.
@@ -50,12 +54,15 @@ def build_engine(
     timing_cache_path: Path,
     log: Callable[[str], None] = print,
     timing_cache_fallback: Path | None = None,
+    strongly_typed: bool = False,
 ) -> str:
     """Builds and writes the serialized engine; returns the TensorRT version that built it.
     The timing cache goes to ``timing_cache_fallback`` where its own path is not writable."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    # explicit batch is the only mode since TensorRT 10; strongly typed: types from the ONNX
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
+    network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -63,7 +70,7 @@ def build_engine(
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-    if precision == "fp16":
+    if precision == "fp16" and not strongly_typed:
         config.set_flag(trt.BuilderFlag.FP16)
         pinned = keep_pooling_in_fp32(network)
         if pinned:
@@ -88,7 +95,8 @@ def build_engine(
                 trt.Dims2(*entry.max_shape),
             )
         config.add_optimization_profile(profile)
-    log(f"building TensorRT engine: {len(profiles.profiles)} profiles, {precision}")
+    typing = "strongly typed" if strongly_typed else "weakly typed"
+    log(f"building TensorRT engine: {len(profiles.profiles)} profiles, {precision}, {typing}")
 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:

@@ -6,9 +6,10 @@ that every rule here is unit-tested on machines without a GPU.
   TensorRT's own deserializer fails with a less helpful message;
 - ``check_io_contract``: the engine's I/O tensors are exactly the manifest's INT64 [B, T] inputs
   and the FP32 [B, D] output the runtime binds; anything else is named;
-- ``require_supported_major``: TensorRT 11 dropped weakly typed networks (``BuilderFlag.FP16``),
-  which is how this project asks for FP16; a build or load under another major is refused with
-  the supported one named, until the strongly typed form is built;
+- ``require_supported_major``: a build or load under a TensorRT major the project has not been
+  checked on is refused, saying what moving the image to it takes; ``strongly_typed``: which
+  network form a build takes (TensorRT 11 dropped weakly typed networks, ``BuilderFlag.FP16``;
+  strongly typed ones, their precision exported into the ONNX, exist in 10 too);
 - ``context_slots``: which execution contexts the engine opens: one per (profile, captured batch
   size), its shape set once and never changed, and one eager context per profile that is
   re-shaped for every other size (TensorRT's guidance for CUDA graphs: a graph replays the
@@ -44,21 +45,35 @@ def require_built_by(built: str, running: str, path: object) -> None:
         )
 
 
-# the TensorRT major this project builds and loads plans with (weakly typed FP16 networks)
-SUPPORTED_TENSORRT_MAJOR = 10
+# the TensorRT majors this project builds and loads plans with, checked on a GPU
+SUPPORTED_TENSORRT_MAJORS = (10,)
+# from this major on, TensorRT builds strongly typed networks only
+STRONGLY_TYPED_FROM_MAJOR = 11
+
+
+def major_of(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def strongly_typed(running: str, asked: bool) -> bool:
+    """Whether a build is strongly typed: where the TensorRT has no other form, or asked."""
+    return asked or major_of(running) >= STRONGLY_TYPED_FROM_MAJOR
 
 
 def require_supported_major(running: str) -> None:
-    """Refuses a TensorRT whose major is not the one the builder and runtime are written for."""
-    major = running.split(".", 1)[0]
-    if major != str(SUPPORTED_TENSORRT_MAJOR):
+    """Refuses a TensorRT whose major the builder and runtime have not been checked on, saying
+    what an image with it needs."""
+    if major_of(running) not in SUPPORTED_TENSORRT_MAJORS:
+        checked = ", ".join(f"{m}.x" for m in SUPPORTED_TENSORRT_MAJORS)
         raise EngineContractError(
             f"TensorRT {running} is not supported: this project builds and loads plans with "
-            f"TensorRT {SUPPORTED_TENSORRT_MAJOR}.x, whose FP16 networks are weakly typed "
-            "(TensorRT 11 builds strongly typed ones only, their precision taken from the ONNX). "
-            f"Build the image with a TensorRT {SUPPORTED_TENSORRT_MAJOR}.x (TENSORRT_VERSION in "
-            "docker-compose.yml's release block); another major needs the builder to export "
-            "its precision into the ONNX and build strongly typed networks first"
+            f"TensorRT {checked}. The builder is ready for TensorRT {STRONGLY_TYPED_FROM_MAJOR}: "
+            "its networks are strongly typed, their precision exported into the ONNX, as "
+            "--strongly-typed builds them on 10. To move the image, set TENSORRT_VERSION in "
+            "docker-compose.yml's release block, run python -m builder.gpu_check in it, and add "
+            "its major to SUPPORTED_TENSORRT_MAJORS (python_backend/engines/tensorrt_checks.py) "
+            "once it passes"
         )
 
 

@@ -165,6 +165,16 @@ def test_only_the_supported_tensorrt_major_builds_or_loads():
         require_supported_major("11.1.0")
     with pytest.raises(EngineContractError, match="not supported"):
         require_supported_major("8.6.1")
+    with pytest.raises(EngineContractError, match=r"gpu_check in it, and add its major"):
+        require_supported_major("11.1.0")
+
+
+def test_a_build_is_strongly_typed_where_tensorrt_has_no_other_form_or_where_asked():
+    from python_backend.engines.tensorrt_checks import strongly_typed
+
+    assert not strongly_typed("10.16.1.11", asked=False)
+    assert strongly_typed("10.16.1.11", asked=True)
+    assert strongly_typed("11.1.0", asked=False) and strongly_typed("12.0", asked=False)
 
 
 def test_every_captured_size_gets_a_context_of_its_own_and_each_profile_an_eager_one():
