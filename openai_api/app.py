@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -468,6 +469,24 @@ def create_app(
     async def tei_info(request: Request) -> Response:
         return FastJSONResponse(await info_of(tei_model(request)))
 
+    async def tei_similarity(request: Request) -> Response:
+        """Each sentence's cosine with the source sentence, from one forward of them all."""
+        started = time.perf_counter()
+        with tei.named_as_sent("similarity"):
+            body = tei.similarity_body(
+                await json_body(request), tei_model(request), limits, MAX_INPUTS
+            )
+            vectors, served = await embedded(request, parse_embeddings(body, limits))
+        cosines = np.asarray(vectors[1:], dtype=np.float64) @ np.asarray(vectors[0])
+        return FastJSONResponse(cosines.astype(np.float32), headers=served.headers(started))
+
+    async def tei_unserved(request: Request) -> Response:
+        raise bad_request(
+            "token embeddings (/embed_all) and sparse vectors (/embed_sparse) are not served "
+            "here: the models answer pooled vectors (/embed)",
+            code=tei.WRONG_MODEL,
+        )
+
     async def tei_root(request: Request) -> Response:
         """``POST /``: what TEI answers there for the model's kind."""
         info = await backend.info(tei_model(request))
@@ -593,6 +612,10 @@ def create_app(
                     ("/tokenize", tei_tokenize, "POST"),
                     ("/decode", tei_decode, "POST"),
                     ("/info", tei_info, "GET"),
+                    ("/similarity", tei_similarity, "POST"),
+                    ("/invocations", tei_root, "POST"),  # SageMaker's name for POST /
+                    ("/embed_all", tei_unserved, "POST"),
+                    ("/embed_sparse", tei_unserved, "POST"),
                 )
             ),
             Route("/", tei_root, methods=["POST"]),

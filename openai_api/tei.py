@@ -1,6 +1,8 @@
 """text-embeddings-inference's routes, in TEI's shapes: ``POST /embed``, ``/rerank``, ``/predict``,
-``/tokenize``, ``/decode``, ``GET /info``, and ``POST /`` answering as TEI does for the model's
-kind; each also under ``/models/{model}`` (the bare routes serve the adapter's default model).
+``/similarity``, ``/tokenize``, ``/decode``, ``GET /info``, and ``POST /`` (and SageMaker's
+``/invocations``) answering as TEI does for the model's kind; each also under ``/models/{model}``
+(the bare routes serve the adapter's default model). ``/embed_all`` and ``/embed_sparse`` are
+answered 424: the models here serve pooled vectors.
 
 Each TEI body is read by the ``/v1`` route's own parser after its TEI field names are put in
 ``/v1``'s (``inputs`` is ``input``, ``truncation_direction`` is ``truncation_side``,
@@ -47,6 +49,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "return_text": "return_documents",
     },
     "predict": {"inputs": "input", **TRUNCATION, **_same("raw_scores", "priority", "instruction")},
+    "similarity": {**TRUNCATION, **_same("prompt_name", "priority")},  # its `parameters`
     "tokenize": _same("inputs", "add_special_tokens", "prompt_name"),
     "decode": _same("ids", "skip_special_tokens"),
 }
@@ -102,6 +105,33 @@ def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
 
 def body(message: str, kind: str) -> dict[str, str]:
     return {"error": message, "error_type": kind}
+
+
+def similarity_body(body: Any, model: str, limits: InputLimits, max_inputs: int) -> dict:
+    """``/similarity``'s ``inputs`` (``source_sentence``, ``sentences``) and ``parameters`` as
+    a ``/v1`` embeddings body: the source first, unit vectors (their dot products are cosines)."""
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    source = inputs.get("source_sentence") if isinstance(inputs, dict) else None
+    sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+    if not isinstance(source, str) or not source.strip():
+        raise bad_request("`inputs.source_sentence` must be a non-empty string", param="inputs")
+    if not isinstance(sentences, list) or not sentences:
+        raise bad_request("`inputs.sentences` must be a non-empty list of strings", "inputs")
+    if len(sentences) + 1 > max_inputs:
+        raise bad_request(
+            f"`inputs.sentences` has {len(sentences)} items; at most {max_inputs - 1}", "inputs"
+        )
+    for i, text in enumerate([source, *sentences]):
+        where = "inputs.source_sentence" if i == 0 else f"inputs.sentences[{i - 1}]"
+        if not isinstance(text, str) or not text.strip():
+            raise bad_request(f"`{where}` must be a non-empty string", param="inputs")
+        check_text_size(text, where, "inputs", limits)
+    parameters = body.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise bad_request("`parameters` must be an object", param="parameters")
+    out = as_v1(parameters or {}, model, "similarity", {"normalize": True})
+    out["input"] = [source, *sentences]
+    return out
 
 
 def rerank_response(query: RerankQuery, logits: np.ndarray) -> list[dict[str, Any]]:

@@ -115,6 +115,25 @@ def test_predict_scores_a_rerankers_pairs_each_with_its_own_query(stack):
         assert abs(answer[0]["score"] - 1 / (1 + np.exp(-float(logit)))) <= 1e-6
 
 
+def test_similarity_is_the_cosine_of_kserves_vectors_and_invocations_is_post_root(stack):
+    vectors, _ = kserve(stack, TEXTS)
+    expected = (
+        vectors[1:] @ vectors[0] / np.linalg.norm(vectors[1:], axis=1) / np.linalg.norm(vectors[0])
+    )
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    got = ok(stack, "/similarity", body)
+    assert np.abs(np.array(got) - expected).max() <= 1e-5
+    prompted = ok(
+        stack, "/models/minilm_prompts/similarity", {**body, "parameters": {"prompt_name": "query"}}
+    )
+    assert np.abs(np.array(prompted) - expected).max() > 1e-4  # the prompt is applied
+    assert ok(stack, "/invocations", {"inputs": TEXTS[:1]}) == ok(
+        stack, "/embed", {"inputs": TEXTS[:1]}
+    )
+    status, answer = call(stack, "/embed_all", {"inputs": "x"})
+    assert status == 424 and answer["error_type"] == "Backend" and "/embed_all" in answer["error"]
+
+
 def test_tokenize_answers_every_token_and_decode_turns_them_back(stack):
     rows = ok(stack, "/tokenize", {"inputs": ["Hello world", LONG]})
     assert [t["text"] for t in rows[0]] == ["[CLS]", "hello", "world", "[SEP]"]
@@ -162,7 +181,7 @@ def test_the_front_doors_own_refusals_on_tei_routes_are_tei_shaped(stack):
     assert status == 413 and answer["error_type"] == "Validation"
     status, answer = raw(stack, "/embed", None, HEADERS)  # a GET
     assert status == 405 and answer["error_type"] == "Validation"
-    status, answer = call(stack, "/models/minilm/embed_all", {"inputs": "x"})
+    status, answer = call(stack, "/models/minilm/generate", {"inputs": "x"})
     assert status == 404
 
 
@@ -183,6 +202,7 @@ ROUTE_FIELDS = {
     "/models/reranker/predict": ({"inputs": ["q", "d"]}, ("inputs", "raw_scores")),
     "/tokenize": ({"inputs": "a"}, ("inputs", "add_special_tokens", "prompt_name")),
     "/decode": ({"ids": [101]}, ("ids", "skip_special_tokens")),
+    "/similarity": ({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, ("inputs", "parameters")),
     "/v2/embed": (
         {"model": "minilm", "texts": ["a"]},
         ("model", "texts", "input_type", "embedding_types", "truncate", "output_dimension",

@@ -248,3 +248,31 @@ def test_a_nim_ranking_body_is_a_rerank_answered_by_logits():
     assert err.value.param == "passages" and "`passages[0]`" in err.value.message
     with pytest.raises(OpenAIError, match="`query` must be an object"):
         parse_ranking({"model": "m", "query": "q", "passages": [{"text": "x"}]})
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"inputs": {"sentences": ["b"]}}, "`inputs.source_sentence` must be"),
+        ({"inputs": {"source_sentence": "a", "sentences": []}}, "`inputs.sentences` must be"),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b", 3]}}, "`inputs.sentences[1]`"),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b"] * 8}}, "at most 7"),
+        ({"inputs": "a"}, "`inputs.source_sentence`"),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": 1}, "`parameters`"),
+    ],
+)
+def test_similarity_refuses_other_shapes_naming_the_field(body, words):
+    with pytest.raises(OpenAIError) as err:
+        tei.similarity_body(body, "m", InputLimits(), 8)
+    assert words in err.value.message, err.value.message
+
+
+def test_a_similarity_body_embeds_the_source_first_at_unit_length():
+    body = tei.similarity_body(
+        {"inputs": {"source_sentence": "a", "sentences": ["b", "c"]},
+         "parameters": {"truncation_direction": "Left", "prompt_name": "query"}},
+        "m", InputLimits(), 8,
+    )  # fmt: skip
+    query = parse_embeddings(body)
+    assert query.texts == ["a", "b", "c"] and query.normalize is True
+    assert query.prompt_name == "query" and query.truncation.side == "left"
