@@ -26,6 +26,7 @@ from openai_api.errors import OpenAIError, bad_request
 from python_backend.common.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+EMPTY = "empty"  # the error code of a request with no inputs (TEI answers it 400, not 422)
 MAX_TOKEN_ID = 2**31 - 1  # token ids are vocabulary indices: far below this, never above int64
 
 
@@ -243,6 +244,7 @@ def parse_inputs(
             "`input` must be a string, a non-empty list of strings, a list of token ids, or a "
             "list of token-id lists",
             param="input",
+            code=EMPTY if raw == [] else None,
         )
     count = len(texts) if texts is not None else len(token_rows or [])
     if count > MAX_INPUTS:
@@ -421,7 +423,8 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
     param = "texts" if "texts" in body else "documents"
     raw = body.get(param)
     if not isinstance(raw, list) or not raw:
-        raise bad_request(f"`{param}` must be a non-empty list", param=param)
+        empty = EMPTY if raw == [] else None
+        raise bad_request(f"`{param}` must be a non-empty list", param=param, code=empty)
     documents = []
     for i, doc in enumerate(raw):
         text = doc.get("text") if isinstance(doc, dict) else doc  # Cohere: {"text": ...}

@@ -23,6 +23,7 @@ import numpy as np
 from openai_api import protocol
 from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
 from openai_api.protocol import (
+    EMPTY,
     InputLimits,
     RerankQuery,
     check_text_size,
@@ -90,6 +91,8 @@ def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
     """TEI's answer for an error the adapter raised: its status and ``{error, error_type}``."""
     if err.code == WRONG_MODEL or err.status == 500:
         status, kind = 424, "Backend"  # TEI: the model cannot do it, or inference failed
+    elif err.code == EMPTY:
+        status, kind = 400, "Empty"
     elif err.status == 400:
         status, kind = 422, "Validation"
     elif err.code == QUEUE_FULL:
@@ -185,7 +188,7 @@ def parse_predict(body: Any, max_inputs: int, limits: InputLimits) -> PredictInp
                 raise bad_request(f"`inputs[{i}]`: {PREDICT_SHAPE[9:]}", param="inputs")
         rows, single = [tuple(x) for x in raw], False
     else:
-        raise bad_request(PREDICT_SHAPE, param="inputs")
+        raise bad_request(PREDICT_SHAPE, param="inputs", code=EMPTY if raw == [] else None)
     for i, row in enumerate(rows):
         for j, text in enumerate(row):
             where = (

@@ -95,6 +95,7 @@ def test_a_body_that_is_not_an_object_is_refused():
     ("err", "status", "kind"),
     [
         (bad_request("`inputs` must be"), 422, "Validation"),
+        (bad_request("`texts` must be a non-empty list", code="empty"), 400, "Empty"),
         (bad_request("model `m` is not a reranker", code=tei.WRONG_MODEL), 424, "Backend"),
         (from_triton("StatusCode.UNAVAILABLE", "queue full: 9 rows queued"), 429, "Overloaded"),
         (from_triton("StatusCode.UNAVAILABLE", "failed to connect"), 503, "Unhealthy"),
