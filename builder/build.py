@@ -46,7 +46,7 @@ from builder.triton_config import (
     write_config,
     write_owner,
 )
-from python_backend.common.contract import OWNER_PARAMETER
+from python_backend.common.contract import OWNER_PARAMETER, RerankTemplate
 from python_backend.common.cost_models import LinearCost, StoredCost
 from python_backend.common.engine_profiles import EngineProfiles, engine_profiles
 from python_backend.common.manifest import (
@@ -197,6 +197,8 @@ def build(spec: BuildSpec) -> BuildResult:
     with progress("load model"):
         model = load_family_model(spec, resolved, progress)
     max_length, last_bucket = length_limits(spec, model)
+    if model.rerank_template is not None:
+        check_template_fits(resolved.tokenizer_path, model.rerank_template, max_length)
     with progress("choose buckets"):
         # the sample chooses the lengths (unless they are given) and each profile's opt batch
         needed = not spec.buckets or resolved.engine_kind == "tensorrt"
@@ -275,7 +277,7 @@ def build_key(spec: BuildSpec, resolved: Resolved) -> str:
         if not any(part.startswith(".") for part in relative.parts)
         and (resolved.model_dir / relative).is_file()
     )
-    others = [resolved.tokenizer_path, spec.texts_file, spec.lengths_file]
+    others = [resolved.tokenizer_path, spec.texts_file, spec.lengths_file, spec.rerank_template]
     for name, path in [(str(p), resolved.model_dir / p) for p in model_files] + [
         (f"input {i}", p) for i, p in enumerate(others) if p is not None and p.is_file()
     ]:  # a missing sample is named by the step that reads it
@@ -419,6 +421,17 @@ def load_family_model(spec: BuildSpec, resolved: Resolved, progress: Progress) -
         f"{model.family}: {model.describe}, output {model.output_name} [{model.output_dim}]"
     )
     return model
+
+
+def check_template_fits(tokenizer_path: Path, template: RerankTemplate, max_length: int) -> None:
+    """A decoder reranker's template leaves its rows room for a query and a document, or a
+    BuildError naming how much of the row it takes."""
+    from python_backend.common.tokenization import TextTokenizer
+
+    try:
+        TextTokenizer(tokenizer_path, max_length, template).encode_template(["q"], ["d"], True)
+    except ValueError as err:
+        raise BuildError(f"{err}: raise --max-length or shorten the template") from None
 
 
 def length_limits(spec: BuildSpec, model: LoadedModel) -> tuple[int, int]:

@@ -468,7 +468,10 @@ def load_model(
         takers = [f.name for f in FAMILY_TABLE if f.takes_score_token_ids]
         raise ValueError(f"--score-token-ids applies to {' and '.join(takers)} models only")
     if rerank_template is not None and name != "decoder_reranker":
-        raise ValueError(f"--rerank-template is for causal LMs; this model is a {name} model")
+        raise ValueError(
+            f"--rerank-template builds a decoder reranker (--family decoder_reranker or auto); "
+            f"this build is of the {name} family"
+        )
     template = None
     if name == "decoder_reranker":
         if not decoder_architecture(model_dir):

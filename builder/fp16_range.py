@@ -42,9 +42,10 @@ class OutOfRangeConstant:
 
 
 def _beyond_fp16(array: np.ndarray) -> float | None:
-    """The largest-magnitude value of a float array beyond FP16's range, if any."""
-    if array.dtype.kind != "f" or array.dtype.itemsize <= 2 or array.size == 0:
-        return None  # integers never run in FP16; FP16 itself is in range by construction
+    """The largest-magnitude value of a float array beyond FP16's range, if any; in an FP16
+    array (a graph exported in FP16), an infinity: a value the export's cast overflowed."""
+    if array.dtype.kind != "f" or array.size == 0:
+        return None  # integers never run in FP16
     flat = array.ravel().astype(np.float64)
     out = np.abs(flat) > FP16_MAX  # infinities included
     if not out.any():

@@ -69,6 +69,8 @@ def resolve(model_dir: Path, overrides: dict[str, str]) -> RerankTemplate:
                 f"token in --rerank-template's {answer!r}"
             )
         ids[answer] = int(found)
+    if ids["yes"] == ids["no"]:
+        raise ValueError(f"the answers yes and no are the same token ({ids['yes']})")
     return RerankTemplate(
         prefix_ids=tuple(tokenizer.encode(prefix, add_special_tokens=False)),
         body=settings["body"],

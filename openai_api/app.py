@@ -444,7 +444,7 @@ def create_app(
                         parse_truncation(v1),
                         parse_priority(v1),
                         "inputs",
-                        parse_instruction(v1),
+                        parse_instruction(v1, limits),
                     ),
                 )
                 labels = repository.files(model).manifest.labels if repository.root else ()

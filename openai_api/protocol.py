@@ -402,12 +402,14 @@ class RerankQuery:
     instruction: str | None = None  # a decoder reranker's instruction; None: the model's own
 
 
-def parse_instruction(body: dict[str, Any]) -> str | None:
+def parse_instruction(body: dict[str, Any], limits: InputLimits | None = None) -> str | None:
     """``instruction``: what a decoder reranker is told to judge (its template's default when
-    absent); a model without a template refuses it."""
+    absent), at most a text input's size; a model without a template refuses it."""
     instruction = body.get("instruction")
     if instruction is not None and not isinstance(instruction, str):
         raise bad_request("`instruction` must be a string", param="instruction")
+    if instruction is not None:
+        check_text_size(instruction, "instruction", "instruction", limits or InputLimits())
     return instruction
 
 
@@ -455,7 +457,7 @@ def parse_rerank(body: Any, limits: InputLimits | None = None) -> RerankQuery:
         parse_truncation(body),
         parse_priority(body),
         param,
-        parse_instruction(body),
+        parse_instruction(body, limits),
     )
 
 

@@ -287,6 +287,14 @@ def decode_text(
             "parameter instruction is for decoder rerankers (a prompt template); this model has "
             "none",
         )
+    if options.instruction is not None:
+        size = len(options.instruction.encode("utf-8", "surrogatepass"))
+        if size > limits.max_length * MAX_TEXT_BYTES_PER_TOKEN:
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                f"parameter instruction is {size} bytes, far over what a row of "
+                f"{limits.max_length} tokens holds",
+            )
     prefix = (prompts or Prompts()).prefix(options.prompt_name)
     texts = [prefix + t for t in _text_rows("TEXT", text, limits, options)]
     if pair is not None and pair.shape != text.shape:

@@ -35,13 +35,16 @@ class TokenSpans:
 
 
 def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
-    """How many tokens of each of two texts stay within ``budget``, cut one at a time from the
-    longer (the second on a tie), as Hugging Face tokenizers cut a pair ("longest_first")."""
+    """How many tokens of each of two texts stay within ``budget``, cut longest first as the
+    Hugging Face fast tokenizers cut a pair: the longer alone while the shorter fits in half,
+    else each to half (the odd token to the longer, to the second on a tie)."""
     if first + second <= budget:
         return first, second
-    if 2 * min(first, second) <= budget:
-        return (first, budget - first) if first <= second else (budget - second, second)
-    return (budget + 1) // 2, budget // 2
+    short, long_ = sorted((first, second))
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short, long_ = budget // 2, budget // 2 + budget % 2
+    return (long_, short) if first > second else (short, long_)
 
 
 class TextTokenizer:
@@ -115,8 +118,9 @@ class TextTokenizer:
                 starts = np.asarray([a for a, _ in encoding.offsets])
                 ends = np.asarray([b for _, b in encoding.offsets])
                 special = np.asarray(encoding.special_tokens_mask, dtype=bool)
-                in_query = ~special & (starts < query[1]) & (ends > query[0])
-                in_document = ~special & ~in_query & (starts < document[1]) & (ends > document[0])
+                # a token with any character of the template's own stays with the template
+                in_query = ~special & (starts >= query[0]) & (ends <= query[1])
+                in_document = ~special & (starts >= document[0]) & (ends <= document[1])
                 own = len(ids) - int(in_query.sum()) - int(in_document.sum())
                 budget = self.max_length - fixed - own
                 if budget < 2:

@@ -186,6 +186,41 @@ class LastTokenScorer(nn.Module):
         return self.head(hidden[rows, last]).float()  # [B, H] -> [B, V or len(ids)]
 
 
+class FP32Norm(nn.Module):
+    """A norm computing in FP32 inside a lower-precision module: its input cast up, its output
+    back (a row's mean of squares overflows FP16 long before its values do)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(hidden.to(torch.float32)).to(hidden.dtype)
+
+
+def is_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith(
+        ("RMSNorm", "LayerNorm")
+    )
+
+
+def in_precision(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``module`` in ``dtype`` (in place), its norms computing in FP32 (``FP32Norm``) with their
+    weights never rounded through ``dtype``, and rotary frequencies (``inv_freq``) kept FP32:
+    rounded to FP16 they turn positions by up to a radian at 8k tokens."""
+    if dtype == torch.float32:
+        return module
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if is_norm(child) and not isinstance(parent, FP32Norm):
+                setattr(parent, name, FP32Norm(child))
+    kept = {id(t) for m in module.modules() if isinstance(m, FP32Norm) for t in m.parameters()}
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in kept and "inv_freq" not in name:
+            tensor.data = tensor.data.to(dtype)
+    return module
+
+
 class YesNoScorer(LastTokenScorer):
     """A decoder reranker's score: the "yes" logit less the "no" logit at the last real token,
     [B, 1]; its sigmoid is P(yes) over yes and no, the softmax of the two."""
@@ -325,7 +360,7 @@ def load_torch_model(folder: Path, dtype: torch.dtype, device: torch.device) -> 
             f"{folder / TORCH_WEIGHTS} does not match {TORCH_RECORD}: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
-    return module.to(device=device, dtype=dtype).eval()
+    return in_precision(module, dtype).to(device=device).eval()
 
 
 def _tied(module: nn.Module, name: str) -> bool:

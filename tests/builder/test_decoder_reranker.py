@@ -181,3 +181,17 @@ def test_the_torch_engine_rebuilds_the_same_scorer(reranker, tmp_path):
     _, onnx_scores = served(version, PAIRS)
     _, torch_scores = served(built.version_dir, PAIRS)
     assert np.abs(onnx_scores - torch_scores).max() <= 1e-4
+
+
+def test_a_template_the_rows_cannot_hold_is_refused_at_build(reranker, tmp_path):
+    folder, _ = reranker
+    with pytest.raises(BuildError, match="raise --max-length"):
+        build_onnx(
+            tmp_path, folder, "short", family="decoder_reranker", max_length=64, buckets=(32,)
+        )
+
+
+def test_an_instruction_past_a_rows_bytes_is_refused_before_tokenizing(reranker):
+    _, version = reranker
+    with pytest.raises(ServeError, match="parameter instruction is 8193 bytes"):
+        served(version, PAIRS[:1], instruction="x" * (256 * 32 + 1))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.export_onnx import export_onnx, in_precision
+from builder.export_onnx import export_onnx, lowered
 from builder.families import load_model
 
 onnx = pytest.importorskip("onnx")
@@ -27,12 +27,14 @@ def test_an_fp16_export_keeps_norms_pooling_and_output_in_fp32(
     model = load_model(
         Path(model_dir), score_token_ids=[2023, 2025] if which == "decoder" else None
     )
-    lowered = in_precision(model.module, "fp16")
-    dtypes = {p.dtype for name, p in lowered.named_parameters() if ".norm." not in f".{name}."}
+    copy = lowered(model.module, "fp16")
+    dtypes = {p.dtype for name, p in copy.named_parameters() if ".norm." not in f".{name}."}
     assert dtypes == {torch.float16}
-    assert {p.dtype for name, p in lowered.named_parameters() if ".norm." in f".{name}."} == {
+    assert {p.dtype for name, p in copy.named_parameters() if ".norm." in f".{name}."} == {
         torch.float32
     }
+    rotary = {b.dtype for name, b in copy.named_buffers() if name.endswith("inv_freq")}
+    assert rotary <= {torch.float32} and (rotary or which == "minilm")
     assert model.module.training is False and next(model.module.parameters()).dtype == torch.float32
     path = export_onnx(model, tmp_path / "model.onnx", precision="fp16")
     graph = onnx.load(str(path)).graph

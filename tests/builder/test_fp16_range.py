@@ -69,3 +69,26 @@ def test_max_pooling_with_a_finite_fill_equals_the_old_form_in_fp32(tiny_classif
     mask[2, 1:] = 0
     with torch.no_grad():
         assert np.array_equal(new(ids, mask).numpy(), old(ids, mask).numpy())
+
+
+def test_an_infinity_in_an_fp16_graph_is_named(tmp_path):
+    """A graph exported in FP16 (a strongly typed TensorRT build's) holds FP16 constants: one
+    the cast overflowed to infinity is reported, and named when multiplied."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from builder.fp16_range import constants_beyond_fp16
+
+    weight = np.array([[1.0, np.inf], [2.0, 3.0]], dtype=np.float16)
+    fine = np.array([1.0, 2.0], dtype=np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 2])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1, 2])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(fine, "b")],
+    )
+    path = tmp_path / "fp16.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    (found,) = constants_beyond_fp16(path)
+    assert found.name == "w" and np.isinf(found.largest) and found.multiplied

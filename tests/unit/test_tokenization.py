@@ -38,19 +38,20 @@ def test_each_token_names_its_characters_in_the_input(tokenizer):
     assert spans.spans == [None, None, None, (0, 5), (6, 11), None]
 
 
-def test_longest_first_cuts_the_longer_text_one_token_at_a_time():
-    """Against the rule itself, run token by token: the longer loses one, the second on a tie."""
+def test_longest_first_keeps_what_the_fast_tokenizers_keep_of_a_pair():
+    """Against Hugging Face tokenizers itself, truncating pairs of every size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     from python_backend.common.tokenization import longest_first
 
-    def one_at_a_time(first: int, second: int, budget: int) -> tuple[int, int]:
-        while first + second > budget:
-            if first > second:
-                first -= 1
-            else:
-                second -= 1
-        return first, second
-
-    for first in range(24):
-        for second in range(24):
-            for budget in range(32):
-                assert longest_first(first, second, budget) == one_at_a_time(first, second, budget)
+    reference = Tokenizer(models.WordLevel({"w": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    reference.pre_tokenizer = pre_tokenizers.Whitespace()
+    for budget in range(1, 20):
+        reference.enable_truncation(budget, strategy="longest_first")
+        for first in range(16):
+            for second in range(16):
+                if first + second == 0:
+                    continue
+                encoding = reference.encode(" ".join(["w"] * first), " ".join(["w"] * second))
+                kept = (encoding.type_ids.count(0), encoding.type_ids.count(1))
+                assert longest_first(first, second, budget) == kept, (first, second, budget)
