@@ -67,15 +67,11 @@ def save_tiny_decoder_reranker(folder: Path, seed: int = 0) -> Path:
     )
     fast.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
+    shape = {**TINY, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 256}
     config = transformers.Qwen3Config(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **shape,
         num_key_value_heads=1,
         head_dim=16,
-        max_position_embeddings=256,
         pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
         architectures=["Qwen3ForCausalLM"],
     )

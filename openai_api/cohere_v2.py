@@ -22,7 +22,7 @@ import numpy as np
 
 from openai_api import protocol
 from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
-from openai_api.protocol import RerankQuery, encode_vector, ranked, with_v1_names
+from openai_api.protocol import RerankQuery, encode_vector, rerank_results, with_v1_names
 
 # the fields each route reads: Cohere's name -> /v1's (input_type and embedding_types are
 # Cohere's own: embed_options reads them; UNSERVED are refused)
@@ -122,15 +122,9 @@ def embed_response(
 
 
 def rerank_response(query: RerankQuery, logits: np.ndarray) -> dict[str, Any]:
-    results = []
-    for i, score in ranked(query, logits):
-        result: dict[str, Any] = {"index": i, "relevance_score": score}
-        if query.return_documents:
-            result["document"] = {"text": query.documents[i]}
-        results.append(result)
     return {
         "id": str(uuid.uuid4()),
-        "results": results,
+        "results": rerank_results(query, logits),
         "meta": {"api_version": API_VERSION, "billed_units": {"search_units": 1}},
     }
 

@@ -469,18 +469,23 @@ def ranked(query: RerankQuery, logits: np.ndarray) -> list[tuple[int, float]]:
     return [(int(i), float(scores[i])) for i in order]
 
 
-def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
-    """Results sorted by score, best first, each with its index in the request."""
+def rerank_results(query: RerankQuery, logits: np.ndarray) -> list[dict[str, Any]]:
+    """Results sorted by score, best first, each with its index in the request (and its
+    document with ``return_documents``): Cohere's shape, which /v1 shares."""
     results = []
     for i, score in ranked(query, logits):
         result: dict[str, Any] = {"index": i, "relevance_score": score}
         if query.return_documents:
             result["document"] = {"text": query.documents[i]}
         results.append(result)
+    return results
+
+
+def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) -> dict[str, Any]:
     return {
         "object": "list",
         "model": query.model,
-        "results": results,
+        "results": rerank_results(query, logits),
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
 
