@@ -355,7 +355,10 @@ class Scheduler:
         higher = self._queue.higher_than(priority)
         if not (higher or any(seen >= recent for seen in self._seen_at[: priority - 1])):
             return None
-        return capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
+        capped = capped_layout(self.layout, self.cost, self.classes.wait_s, self._seconds_per_unit)
+        if all(capped.max_rows(t) >= self.layout.max_rows(t) for t in self.layout.lengths):
+            return None  # every forward is shorter than the cap: the step plans as uncapped
+        return capped
 
     def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
         """The next class's requests with rows short enough to ride in ``forwards``, as many as

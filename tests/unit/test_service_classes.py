@@ -132,6 +132,31 @@ def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(
     assert alone.calls == [(8, 64)]
 
 
+def test_a_cap_longer_than_any_forward_leaves_the_step_whole():
+    """While a higher class is about, a lower class's step takes rows for about one capped
+    forward per length; where ``wait_s`` buys more than the longest forward, nothing is capped
+    and the step plans its whole queue (a part would group worse)."""
+    for wait_s, whole in ((100.0, True), (0.0008, False)):
+        engine = FakeChecksumEngine(layout(), fail=slow(1e-6))
+        classes = ServiceClasses(wait_s=wait_s, recent_s=10.0)
+        scheduler = scheduler_for(engine, overhead=64.0, classes=classes)
+        answers = Answers()
+        scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+        scheduler.step()  # measures the engine; the interactive class is now recent
+        bulk = [rows_of(60, 8, start=50 + 10 * k) for k in range(5)]
+        for k, rows in enumerate(bulk):
+            scheduler.submit(Request(rows, answers.responder(1 + k), priority=2))
+        step = scheduler.step()
+        planned = sum(len(f.rows) for f in step)
+        assert (planned == 40) == whole, (wait_s, [(len(f.rows), f.padded_length) for f in step])
+        if whole:
+            assert [len(f.rows) for f in step] == [8] * 5  # full forwards
+        while scheduler.queued_rows:
+            scheduler.step()
+        for k, rows in enumerate(bulk):
+            assert_answer_matches(answers.by_request[1 + k], rows)
+
+
 def test_a_lower_class_gets_its_share_under_a_saturating_higher_one():
     """Interactive requests fill every forward and always wait; the bulk request is still run
     within a few steps (its share of the engine's recent work is under ``min_share``)."""
