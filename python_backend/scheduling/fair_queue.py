@@ -101,6 +101,7 @@ class FairQueue(Generic[T]):
             line.items.extendleft(reversed(items))
             added = sum(rows for _, rows in items)
             line.rows += added
+            line.deficit += added  # taken and not run: its turn did not spend them
             self.rows += added
 
     def take(self) -> list[T]:

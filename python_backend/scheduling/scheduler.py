@@ -257,12 +257,17 @@ class Scheduler:
             now = self.clock() if now is None else now
             forwards = self.plan(self.admit(collection), now)
             later = clients_after_each(forwards)
+            waiting = {row.owner.request.client for f in forwards for row in f.rows}
             for k, forward in enumerate(forwards):
                 self.run(forward)
-                if k + 1 < len(forwards) and (self._newcomer(later[k]) or self._outranked()):
-                    # a client with no rows left in this step sent more, or a higher class
-                    # arrived: the rest waits for the next step, where the queue's shares
-                    # include it, after this forward, not after every forward this step planned
+                waiting -= {row.owner.request.client for row in forward.rows}
+                # a client with no rows left in this step sent more (once every client of the
+                # step has had a forward: a client sending as fast as it is answered never
+                # holds the others' rows back for good), or a higher class arrived
+                newcomer = not waiting and self._newcomer(later[k])
+                if k + 1 < len(forwards) and (newcomer or self._outranked()):
+                    # the rest waits for the next step, where the queue's shares include the
+                    # newcomer, after this forward, not after every forward this step planned
                     self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]

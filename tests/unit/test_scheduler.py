@@ -514,6 +514,38 @@ def test_a_step_running_one_clients_backlog_gives_way_to_a_newcomer_after_one_fo
         assert_answer_matches(answers.by_request[i], rows)
 
 
+def test_a_client_answered_as_fast_as_it_sends_never_holds_the_others_back():
+    """A light client sends its next row as soon as one is answered, so it is a newcomer after
+    every forward. A step gives way to it only once every client of the step has had a forward:
+    the heavy client's rows run in every step, not never (its requeued rows are not charged to
+    its share either)."""
+    engine = FakeChecksumEngine(layout(max_rows=8))
+    scheduler = scheduler_for(engine, overhead=0)  # the light row never shares a forward
+    answers = Answers()
+    heavy = [[np.arange(100 + k, 160 + k) for _ in range(8)] for k in range(8)]
+    for k, rows in enumerate(heavy):
+        scheduler.submit(Request(rows, answers.responder(k), client="heavy"))
+    sent = iter(range(100, 140))
+
+    def send_light() -> None:
+        key = next(sent)
+        respond = answers.responder(key)
+
+        def respond_then_send_again(outcome):
+            respond(outcome)
+            send_light()
+
+        scheduler.submit(Request([np.arange(1, 6)], respond_then_send_again, client="light"))
+
+    send_light()
+    for _ in range(12):
+        scheduler.step()
+    assert all(k in answers.by_request for k in range(8)), sorted(answers.by_request)
+    for k, rows in enumerate(heavy):
+        assert_answer_matches(answers.by_request[k], rows)
+    assert sum(1 for key in answers.by_request if key >= 100) >= 8  # the light client too
+
+
 def test_with_clients_sharing_a_step_the_lightest_clients_forward_runs_first():
     engine = FakeChecksumEngine(layout(max_rows=8))
     scheduler = scheduler_for(engine, overhead=0)
