@@ -36,7 +36,6 @@ def save_tiny_decoder_reranker(folder: Path, seed: int = 0) -> Path:
     """A tiny Qwen3 causal LM with a byte-level BPE tokenizer of its own (trained here on a few
     lines: no Qwen tokenizer is available offline) holding Qwen's chat tokens, "yes" and "no"
     as single tokens, and a chat template of Qwen's form: a decoder reranker's whole recipe."""
-    import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -66,56 +65,59 @@ def save_tiny_decoder_reranker(folder: Path, seed: int = 0) -> Path:
         model_max_length=256,
     )
     fast.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(seed)
-    shape = {**TINY, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 256}
-    config = transformers.Qwen3Config(
-        **shape,
-        num_key_value_heads=1,
-        head_dim=16,
+    model = tiny_transformer(
+        "decoder_reranker",
+        seed,
+        vocab_size=tokenizer.get_vocab_size(),
+        max_position_embeddings=256,
         pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
-        architectures=["Qwen3ForCausalLM"],
     )
-    model = transformers.Qwen3ForCausalLM(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder
 
 
-def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
-    """A tiny ``embedding`` model (a bare BERT encoder), ``classifier`` (BERT; 3 labels named
-    negative, neutral, positive), ``reranker`` (a BERT cross-encoder: one output over a text
-    pair) or ``decoder`` (Llama) saved into ``folder``."""
+def tiny_transformer(family: str, seed: int = 0, **config: Any) -> Any:
+    """The tiny transformer of a family, in eval mode: ``embedding`` (a bare BERT encoder),
+    ``classifier`` (BERT; 3 labels named negative, neutral, positive), ``reranker`` (a BERT
+    cross-encoder: one output over a text pair), ``decoder`` (Llama) or ``decoder_reranker``
+    (Qwen3); ``config`` overrides its config's values."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    model: Any
+    shape = {**TINY, **config}
     if family == "embedding":  # no modules.json: mean pooling, as the builder reads a bare encoder
-        model = transformers.BertModel(transformers.BertConfig(**TINY, architectures=["BertModel"]))
-        model = model.eval()
-    elif family == "classifier":
+        return transformers.BertModel(
+            transformers.BertConfig(**shape, architectures=["BertModel"])
+        ).eval()
+    if family in ("classifier", "reranker"):
+        labels = ("negative", "neutral", "positive") if family == "classifier" else ("LABEL_0",)
         bert = transformers.BertConfig(
-            **TINY,
-            id2label={0: "negative", 1: "neutral", 2: "positive"},
+            **shape,
+            id2label=dict(enumerate(labels)),
             architectures=["BertForSequenceClassification"],
         )
-        model = transformers.BertForSequenceClassification(bert).eval()
-    elif family == "reranker":
-        cross = transformers.BertConfig(
-            **TINY,
-            type_vocab_size=2,
-            id2label={0: "LABEL_0"},
-            architectures=["BertForSequenceClassification"],
-        )
-        model = transformers.BertForSequenceClassification(cross).eval()
-    elif family == "decoder":
+        return transformers.BertForSequenceClassification(bert).eval()
+    shape = {"pad_token_id": 0, **shape}
+    if family == "decoder":
         llama = transformers.LlamaConfig(
-            **TINY, num_key_value_heads=2, architectures=["LlamaForCausalLM"], pad_token_id=0
+            **shape, num_key_value_heads=2, architectures=["LlamaForCausalLM"]
         )
-        model = transformers.LlamaForCausalLM(llama).eval()
-    else:
-        raise ValueError(f"no tiny model for the {family!r} family")
+        return transformers.LlamaForCausalLM(llama).eval()
+    if family == "decoder_reranker":
+        qwen = transformers.Qwen3Config(
+            **shape, num_key_value_heads=1, head_dim=16, architectures=["Qwen3ForCausalLM"]
+        )
+        return transformers.Qwen3ForCausalLM(qwen).eval()
+    raise ValueError(f"no tiny model for the {family!r} family")
+
+
+def save_tiny_model(family: str, folder: Path, tokenizer_json: Path, seed: int = 0) -> Path:
+    """The family's tiny transformer (``tiny_transformer``) saved into ``folder``, with the
+    tokenizer's files beside it."""
+    model = tiny_transformer(family, seed)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     # the tokenizer's files, so that transformers' own tokenizer loads from the folder too

@@ -46,7 +46,7 @@ from builder.buckets import bucket_rows, choose_buckets, power_of_two_buckets
 from builder.calibrate import fit_times, median_seconds
 from builder.cost_table_file import CostTableFile
 from builder.engine_compare import MIN_COSINE, Comparison, check_engine, random_rows
-from builder.tiny_models import TINY
+from builder.tiny_models import TINY, tiny_transformer
 from python_backend.common.cost_models import LinearCost
 from python_backend.common.manifest import Bucket, LongRows, Manifest
 from python_backend.engines.base import pad_rows
@@ -283,10 +283,7 @@ SCORED_IDS = (2023, 2025)  # the decoders' chosen token ids (yes, no for the rer
 
 
 def family_module(family: str) -> torch.nn.Module:
-    """The family's wrapper around a tiny model built from its config with a fixed seed (BERT for
-    the encoders, Llama for the decoder, Qwen3 for the decoder reranker)."""
-    import transformers
-
+    """The family's wrapper around its tiny model (``tiny_models.tiny_transformer``)."""
     from python_backend.engines.torch_modules import (
         ClassifierHead,
         LastTokenScorer,
@@ -294,18 +291,14 @@ def family_module(family: str) -> torch.nn.Module:
         YesNoScorer,
     )
 
-    torch.manual_seed(SEED)
+    model = tiny_transformer(family, SEED)
     if family == "classifier":
-        config = transformers.BertConfig(**TINY, id2label={i: f"LABEL_{i}" for i in range(3)})
-        return ClassifierHead(transformers.BertForSequenceClassification(config)).eval()
+        return ClassifierHead(model).eval()
     if family == "reranker":
-        config = transformers.BertConfig(**TINY, id2label={0: "LABEL_0"}, type_vocab_size=2)
-        return PairScorer(transformers.BertForSequenceClassification(config)).eval()
+        return PairScorer(model).eval()
     if family == "decoder":
-        llama = transformers.LlamaConfig(**TINY, num_key_value_heads=2, pad_token_id=0)
-        return LastTokenScorer(transformers.LlamaForCausalLM(llama), list(SCORED_IDS)).eval()
-    qwen = transformers.Qwen3Config(**TINY, num_key_value_heads=1, head_dim=16, pad_token_id=0)
-    return YesNoScorer(transformers.Qwen3ForCausalLM(qwen), *SCORED_IDS).eval()
+        return LastTokenScorer(model, list(SCORED_IDS)).eval()
+    return YesNoScorer(model, *SCORED_IDS).eval()
 
 
 def family_precision(target: Target, family: str) -> str:
@@ -376,14 +369,10 @@ def overflow_check(target: Target) -> bool:
     """A tiny Llama whose first MLP's activations pass FP16's range (about 4.6e6, as the
     outlier dimensions of real decoders do): the server's finiteness check
     (``runners.finite_rows``) refuses every row in FP16 and none in BF16 or FP32."""
-    import transformers
-
     from python_backend.engines.torch_modules import LastTokenScorer
     from python_backend.scheduling.runners import finite_rows
 
-    torch.manual_seed(SEED)
-    llama = transformers.LlamaConfig(**TINY, num_key_value_heads=2, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(llama).eval()
+    model = tiny_transformer("decoder", SEED)
     with torch.no_grad():
         mlp = model.model.layers[0].mlp
         for unit, sign in ((0, 1.0), (1, -1.0)):  # one of the two fires, whatever the input's sign
