@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from builder.families import LoadedModel
-from python_backend.engines.torch_modules import in_precision
+from python_backend.engines.torch_modules import DTYPES, in_precision
 
 OPSET = 17
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def lowered(module: nn.Module, precision: str) -> nn.Module:

@@ -30,9 +30,7 @@ import torch
 from python_backend.common.manifest import Manifest
 from python_backend.engines.base import BucketLayout, graph_inputs
 from python_backend.engines.cuda_graphs import CudaForwards, Graph, capture_all
-from python_backend.engines.torch_modules import TORCH_RECORD, load_torch_model
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from python_backend.engines.torch_modules import DTYPES, TORCH_RECORD, load_torch_model
 
 
 def _log_warning(message: str) -> None:

@@ -204,6 +204,10 @@ def is_norm(module: nn.Module) -> bool:
     )
 
 
+# a manifest's precision as torch's dtype
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def in_precision(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """``module`` in ``dtype`` (in place), its norms computing in FP32 (``FP32Norm``) with their
     weights never rounded through ``dtype``, and rotary frequencies (``inv_freq``) kept FP32:
