@@ -34,7 +34,7 @@ from openai_api.backend import (
     callers,
     check_dimensions,
 )
-from openai_api.errors import OpenAIError, bad_request, model_refusal
+from openai_api.errors import WRONG_MODEL, OpenAIError, bad_request, model_refusal
 from openai_api.model_files import ModelRepository
 from openai_api.protocol import (
     MAX_INPUTS,
@@ -158,7 +158,7 @@ def create_app(
             raise bad_request(
                 f"model `{info.name}` {refusal} (it answers {info.output_name})",
                 param="model",
-                code=tei.WRONG_MODEL,
+                code=WRONG_MODEL,
             )
         return info
 
@@ -262,7 +262,7 @@ def create_app(
                 raise bad_request(
                     f"model `{info.name}` is a {manifest.family} model, not a classifier",
                     param="model",
-                    code=tei.WRONG_MODEL,
+                    code=WRONG_MODEL,
                 )
             labels = manifest.labels
         served = await unless_disconnected(
@@ -484,7 +484,7 @@ def create_app(
         raise bad_request(
             "token embeddings (/embed_all) and sparse vectors (/embed_sparse) are not served "
             "here: the models answer pooled vectors (/embed)",
-            code=tei.WRONG_MODEL,
+            code=WRONG_MODEL,
         )
 
     async def tei_root(request: Request) -> Response:

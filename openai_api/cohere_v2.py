@@ -22,7 +22,13 @@ import numpy as np
 
 from openai_api import protocol
 from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
-from openai_api.protocol import RerankQuery, encode_vector, rerank_results, with_v1_names
+from openai_api.protocol import (
+    RerankQuery,
+    encode_vector,
+    rerank_results,
+    same_names,
+    with_v1_names,
+)
 
 # the fields each route reads: Cohere's name -> /v1's (input_type and embedding_types are
 # Cohere's own: embed_options reads them; UNSERVED are refused)
@@ -33,9 +39,10 @@ RENAMES: dict[str, dict[str, str]] = {
         "truncate": "truncate",
         "output_dimension": "dimensions",
     },
-    "rerank": {name: name for name in ("model", "query", "documents", "top_n", "return_documents")},
+    "rerank": same_names("model", "query", "documents", "top_n", "return_documents"),
 }
-EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+# /v1's embedding types, and base64: the float vectors' bytes
+EMBEDDING_TYPES = (*protocol.EMBEDDING_TYPES, "base64")
 # Cohere's input_type -> the prompt names that serve it, the first the model has
 INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
     "search_query": ("query",),

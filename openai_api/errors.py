@@ -74,6 +74,10 @@ def model_refusal(message: str, where: str = "") -> OpenAIError:
     return bad_request(f"{where}`{name}` {rest}", param=name)
 
 
+# codes of refusals other APIs answer with statuses of their own (TEI, Cohere): a request with
+# no inputs (TEI's 400, not 422), a model of another kind than the route serves (TEI's 424)
+EMPTY = "empty"
+WRONG_MODEL = "wrong_model"
 # the model's refusal when its queue holds its limit (python_backend.scheduling.fair_queue):
 # the one 503 that says "come back later", which TEI and Cohere answer with 429
 QUEUE_FULL = "queue_full"

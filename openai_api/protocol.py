@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from openai_api.errors import OpenAIError, bad_request
+from openai_api.errors import EMPTY, OpenAIError, bad_request
 from python_backend.common.contract import MAX_TEXT_BYTES_PER_TOKEN, TRUNCATION_SIDES
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
-EMPTY = "empty"  # the error code of a request with no inputs (TEI answers it 400, not 422)
 MAX_TOKEN_ID = 2**31 - 1  # token ids are vocabulary indices: far below this, never above int64
 
 
@@ -84,6 +83,11 @@ def shown(value: Any) -> str:
 
 
 # -- other APIs' bodies (TEI's, Cohere's, NIM's), read by the /v1 parsers ------------------------
+
+
+def same_names(*names: str) -> dict[str, str]:
+    """Fields another API names as /v1 does (for ``with_v1_names``)."""
+    return {name: name for name in names}
 
 
 def with_v1_names(body: Any, fields: dict[str, str]) -> dict[str, Any]:
@@ -492,8 +496,10 @@ def rerank_response(query: RerankQuery, logits: np.ndarray, prompt_tokens: int) 
 
 # -- /v1/ranking (NIM's shape) --------------------------------------------------------------------
 
-RANKING_NAMES = {name: name for name in ("model", "query", "truncate", "priority", "instruction")}
-RANKING_NAMES["passages"] = "documents"
+RANKING_NAMES = {
+    **same_names("model", "query", "truncate", "priority", "instruction"),
+    "passages": "documents",
+}
 
 
 def parse_ranking(body: Any, limits: InputLimits | None = None) -> RerankQuery:

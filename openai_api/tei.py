@@ -21,20 +21,15 @@ from typing import Any
 import numpy as np
 
 from openai_api import protocol
-from openai_api.errors import QUEUE_FULL, OpenAIError, bad_request
+from openai_api.errors import EMPTY, QUEUE_FULL, WRONG_MODEL, OpenAIError, bad_request
 from openai_api.protocol import (
-    EMPTY,
     InputLimits,
     RerankQuery,
     check_text_size,
     ranked,
+    same_names,
     with_v1_names,
 )
-
-
-def _same(*names: str) -> dict[str, str]:
-    return {name: name for name in names}
-
 
 # the fields each TEI route reads (and this project's `priority`): TEI's name -> /v1's
 TRUNCATION = {"truncate": "truncate", "truncation_direction": "truncation_side"}
@@ -42,22 +37,24 @@ RENAMES: dict[str, dict[str, str]] = {
     "embed": {
         "inputs": "input",
         **TRUNCATION,
-        **_same("normalize", "prompt_name", "dimensions", "priority"),
+        **same_names("normalize", "prompt_name", "dimensions", "priority"),
     },
     "rerank": {
-        **_same("query", "texts", "raw_scores", "priority", "instruction"),
+        **same_names("query", "texts", "raw_scores", "priority", "instruction"),
         **TRUNCATION,
         "return_text": "return_documents",
     },
-    "predict": {"inputs": "input", **TRUNCATION, **_same("raw_scores", "priority", "instruction")},
-    "similarity": {**TRUNCATION, **_same("prompt_name", "priority")},  # its `parameters`
-    "tokenize": _same("inputs", "add_special_tokens", "prompt_name"),
-    "decode": _same("ids", "skip_special_tokens"),
+    "predict": {
+        "inputs": "input",
+        **TRUNCATION,
+        **same_names("raw_scores", "priority", "instruction"),
+    },
+    "similarity": {**TRUNCATION, **same_names("prompt_name", "priority")},  # its `parameters`
+    "tokenize": same_names("inputs", "add_special_tokens", "prompt_name"),
+    "decode": same_names("ids", "skip_special_tokens"),
 }
 # TEI's request shapes spell directions either way (serde aliases)
 DIRECTIONS = {"Left": "left", "Right": "right", "left": "left", "right": "right"}
-# a refusal of the /v1 parser that says the model is of another kind: TEI's 424
-WRONG_MODEL = "wrong_model"
 
 
 def is_tei(path: str) -> bool:
@@ -103,11 +100,7 @@ def error(err: OpenAIError) -> tuple[int, dict[str, str]]:
         status, kind = err.status, "Backend"
     else:
         status, kind = err.status, "Validation"
-    return status, body(err.message, kind)
-
-
-def body(message: str, kind: str) -> dict[str, str]:
-    return {"error": message, "error_type": kind}
+    return status, {"error": err.message, "error_type": kind}
 
 
 def similarity_body(body: Any, model: str, limits: InputLimits, max_inputs: int) -> dict:

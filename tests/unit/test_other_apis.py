@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from openai_api import cohere_v2, tei
-from openai_api.errors import OpenAIError, bad_request, from_triton
+from openai_api.errors import WRONG_MODEL, OpenAIError, bad_request, from_triton
 from openai_api.protocol import (
     RANKING_NAMES,
     InputLimits,
@@ -96,7 +96,7 @@ def test_a_body_that_is_not_an_object_is_refused():
     [
         (bad_request("`inputs` must be"), 422, "Validation"),
         (bad_request("`texts` must be a non-empty list", code="empty"), 400, "Empty"),
-        (bad_request("model `m` is not a reranker", code=tei.WRONG_MODEL), 424, "Backend"),
+        (bad_request("model `m` is not a reranker", code=WRONG_MODEL), 424, "Backend"),
         (from_triton("StatusCode.UNAVAILABLE", "queue full: 9 rows queued"), 429, "Overloaded"),
         (from_triton("StatusCode.UNAVAILABLE", "failed to connect"), 503, "Unhealthy"),
         (from_triton("StatusCode.INTERNAL", "engine failed"), 424, "Backend"),
