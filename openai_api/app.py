@@ -215,8 +215,10 @@ def create_app(
             headers=served.headers(started),
         )
 
-    async def reranked(request: Request, query: RerankQuery) -> Served:
-        info = await model_serving(query.model, SCORE_OUTPUT, "is not a reranker")
+    async def reranked(
+        request: Request, query: RerankQuery, refusal: str = "is not a reranker"
+    ) -> Served:
+        info = await model_serving(query.model, SCORE_OUTPUT, refusal)
         return await unless_disconnected(
             request,
             backend.rerank(
@@ -433,20 +435,19 @@ def create_app(
             inputs = tei.parse_predict(body, MAX_INPUTS, limits)
             v1 = tei.as_v1(body, model, "predict")
             if inputs.pairs:
-                info = await model_serving(model, SCORE_OUTPUT, "scores single texts, not pairs")
-                served = await unless_disconnected(
-                    request,
-                    backend.rerank(
-                        info,
-                        [row[0] for row in inputs.rows],
-                        [row[1] for row in inputs.rows],
-                        caller_of(request),
-                        parse_truncation(v1),
-                        parse_priority(v1),
-                        "inputs",
-                        parse_instruction(v1, limits),
-                    ),
+                pairs = RerankQuery(
+                    model,
+                    [row[0] for row in inputs.rows],
+                    [row[1] for row in inputs.rows],
+                    None,
+                    False,
+                    inputs.raw_scores,
+                    parse_truncation(v1),
+                    parse_priority(v1),
+                    "inputs",
+                    parse_instruction(v1, limits),
                 )
+                served = await reranked(request, pairs, "scores single texts, not pairs")
                 labels = repository.files(model).manifest.labels if repository.root else ()
             else:
                 v1["input"] = [row[0] for row in inputs.rows]

@@ -395,7 +395,7 @@ class RerankQuery:
     return_documents; ``raw_scores`` (TEI) returns the model's logits instead of sigmoids."""
 
     model: str
-    query: str
+    query: str | list[str]  # one for every document, or each document's own (TEI's /predict)
     documents: list[str]
     top_n: int | None
     return_documents: bool
