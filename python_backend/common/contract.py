@@ -10,6 +10,7 @@ import re
 import string
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 import numpy as np
 
@@ -101,11 +102,17 @@ class RerankTemplate:
     yes_id: int
     no_id: int
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def pieces(self) -> tuple[tuple[str, str | None], ...]:
+        """The body as (literal text, the field after it or None), parsed once."""
         try:
-            names = [n for _, n, _, _ in string.Formatter().parse(self.body) if n is not None]
+            parsed = string.Formatter().parse(self.body)
+            return tuple((literal, name) for literal, name, _, _ in parsed)
         except ValueError as err:
             raise ValueError(f"the rerank template's body is not a format string: {err}") from None
+
+    def __post_init__(self) -> None:
+        names = [name for _, name in self.pieces if name is not None]
         if sorted(names) not in (["document", "query"], ["document", "instruction", "query"]):
             raise ValueError(
                 "the rerank template's body must hold {query} and {document} once each, and "
@@ -118,7 +125,7 @@ class RerankTemplate:
         """The body with the pair filled in, and the characters the query and the document
         take in it."""
         text, spans = "", {}
-        for literal, name, _, _ in string.Formatter().parse(self.body):
+        for literal, name in self.pieces:
             text += literal
             if name is None:
                 continue

@@ -108,7 +108,9 @@ class TextTokenizer:
         filled = [
             template.parts(q, d, instruction) for q, d in zip(queries, documents, strict=True)
         ]
-        fixed = len(template.prefix_ids) + len(template.suffix_ids)
+        prefix = np.asarray(template.prefix_ids, dtype=np.int64)
+        suffix = np.asarray(template.suffix_ids, dtype=np.int64)
+        fixed = len(prefix) + len(suffix)
         rows = []
         for encoding, (_, query, document) in zip(
             self._whole.encode_batch([text for text, _, _ in filled]), filled, strict=True
@@ -121,7 +123,8 @@ class TextTokenizer:
                 # a token with any character of the template's own stays with the template
                 in_query = ~special & (starts >= query[0]) & (ends <= query[1])
                 in_document = ~special & (starts >= document[0]) & (ends <= document[1])
-                own = len(ids) - int(in_query.sum()) - int(in_document.sum())
+                sizes = int(in_query.sum()), int(in_document.sum())
+                own = len(ids) - sum(sizes)
                 budget = self.max_length - fixed - own
                 if budget < 2:
                     raise ValueError(
@@ -129,20 +132,13 @@ class TextTokenizer:
                         f"{self.max_length} tokens a row holds"
                     )
                 kept = ~(in_query | in_document)
-                counts = longest_first(int(in_query.sum()), int(in_document.sum()), budget)
+                counts = longest_first(*sizes, budget)
                 for part, count in zip((in_query, in_document), counts, strict=True):
-                    where = np.flatnonzero(part)
-                    kept[where[-count:] if side == "left" else where[:count]] = count > 0
+                    if count:
+                        where = np.flatnonzero(part)
+                        kept[where[-count:] if side == "left" else where[:count]] = True
                 ids = ids[kept]
-            rows.append(
-                np.concatenate(
-                    [
-                        np.asarray(template.prefix_ids, dtype=np.int64),
-                        ids,
-                        np.asarray(template.suffix_ids, dtype=np.int64),
-                    ]
-                )
-            )
+            rows.append(np.concatenate([prefix, ids, suffix]))
         return rows
 
     def spans(
