@@ -39,7 +39,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "truncate": "truncate",
         "output_dimension": "dimensions",
     },
-    "rerank": same_names("model", "query", "documents", "top_n", "return_documents"),
+    "rerank": same_names("model", "query", "documents", "top_n", "return_documents", "instruction"),
 }
 # /v1's embedding types, and base64: the float vectors' bytes
 EMBEDDING_TYPES = (*protocol.EMBEDDING_TYPES, "base64")

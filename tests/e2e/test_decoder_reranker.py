@@ -100,6 +100,25 @@ def test_a_request_names_its_own_instruction(stack):
     )  # fmt: skip
     got = {r["index"]: r["relevance_score"] for r in v1["results"]}
     assert np.abs(np.array([got[i] for i in range(len(DOCUMENTS))]) - logits).max() <= 1e-5
+    # every rerank route takes it
+    p_yes = 1 / (1 + np.exp(-logits))
+    body = {"query": QUERY, "instruction": mine}
+    routes = {
+        "/v2/rerank": ({**body, "model": MODEL, "documents": DOCUMENTS}, "results", "relevance_score"),
+        f"/models/{MODEL}/rerank": ({**body, "texts": DOCUMENTS}, None, "score"),
+        "/v1/ranking": (
+            {"model": MODEL, "query": {"text": QUERY}, "instruction": mine,
+             "passages": [{"text": d} for d in DOCUMENTS]},
+            "rankings",
+            "logit",
+        ),
+    }  # fmt: skip
+    for path, (sent, key, score) in routes.items():
+        answer = ok(stack, path, sent)
+        ranks = {r["index"]: r[score] for r in (answer[key] if key else answer)}
+        want = logits if score == "logit" else p_yes
+        got_scores = np.array([ranks[i] for i in range(len(DOCUMENTS))])
+        assert np.abs(got_scores - want).max() <= 1e-5, path
 
 
 def test_an_instruction_to_a_cross_encoder_is_refused_naming_it(stack):
