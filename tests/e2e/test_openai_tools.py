@@ -220,6 +220,8 @@ def test_answers_say_where_their_time_went(stack, server):
     [
         ({"timings": "yes"}, "parameter timings must be a bool"),
         ({"normalize": 1}, "parameter normalize must be a bool"),
+        ({"instruction": 5}, "parameter instruction must be a string"),
+        ({"instruction": "judge"}, "parameter instruction is for decoder rerankers"),
         ({"truncation_side": "x" * 10_000}, "parameter truncation_side must be one of right, left"),
     ],
 )
@@ -242,7 +244,7 @@ ROUTE_FIELDS = {
     "/v1/rerank": (
         {"model": "reranker", "query": "q", "documents": ["d"]},
         ("model", "query", "documents", "top_n", "return_documents", "raw_scores",
-         "truncation_side", "truncate", "priority"),
+         "truncation_side", "truncate", "priority", "instruction"),
     ),
     "/v1/classify": (
         {"model": "classifier", "input": "a"},

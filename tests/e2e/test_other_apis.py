@@ -195,12 +195,17 @@ ROUTE_FIELDS = {
     ),
     "/models/reranker/rerank": (
         {"query": "q", "texts": ["d"]},
-        ("query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text"),
+        ("query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text",
+         "instruction"),
+    ),
+    "/models/qwen3_reranker/rerank": (
+        {"query": "q", "texts": ["d"]},
+        ("query", "texts", "truncate", "truncation_direction", "instruction"),
     ),
     "/models/classifier/predict": (
         {"inputs": "a"}, ("inputs", "truncate", "truncation_direction", "raw_scores")
     ),
-    "/models/reranker/predict": ({"inputs": ["q", "d"]}, ("inputs", "raw_scores")),
+    "/models/reranker/predict": ({"inputs": ["q", "d"]}, ("inputs", "raw_scores", "instruction")),
     "/tokenize": ({"inputs": "a"}, ("inputs", "add_special_tokens", "prompt_name")),
     "/decode": ({"ids": [101]}, ("ids", "skip_special_tokens")),
     "/similarity": ({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, ("inputs", "parameters")),
@@ -211,7 +216,7 @@ ROUTE_FIELDS = {
     ),
     "/v2/rerank": (
         {"model": "reranker", "query": "q", "documents": ["d"]},
-        ("model", "query", "documents", "top_n", "return_documents", "priority"),
+        ("model", "query", "documents", "top_n", "return_documents", "priority", "instruction"),
     ),
     "/v1/ranking": (
         {"model": "reranker", "query": {"text": "q"}, "passages": [{"text": "d"}]},
