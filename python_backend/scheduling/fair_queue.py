@@ -222,6 +222,10 @@ class ClassedQueue(Generic[T]):
         """Whether a class above ``priority`` has rows queued."""
         return any(line.rows for line in self.lines[: priority - 1])
 
+    def rows_below(self, priority: int) -> int:
+        """The rows queued in the first class below ``priority`` with any (``take_rows``'s)."""
+        return next((line.rows for line in self.lines[priority:] if line.rows), 0)
+
     def has_client_besides(self, priority: int, clients: frozenset[str]) -> bool:
         return self.lines[priority - 1].has_client_besides(clients)
 

@@ -64,7 +64,7 @@ class Admitted:
     done: bool = False  # answered (either way)
     # row i computed: 1; None while none is (a step cut short queues the rest again)
     computed: bytearray | None = None
-    lengths: np.ndarray | None = None  # each row's tokens, once asked (``rows_within``)
+    lengths: np.ndarray | None = None  # each row's tokens, once asked (``rows_marked``)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.request.rows)
@@ -75,15 +75,15 @@ class Admitted:
             return range(len(self.request.rows))
         return [i for i, done in enumerate(self.computed) if not done]
 
-    def rows_within(self, longest: int) -> int:
-        """Rows not computed yet of at most ``longest`` tokens."""
+    def rows_marked(self, marked: np.ndarray) -> int:
+        """Rows not computed yet whose token count ``marked`` marks (one longer than it: none)."""
         if self.lengths is None:
             rows = self.request.rows
             self.lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-        short = self.lengths <= longest
+        chosen = marked[np.minimum(self.lengths, len(marked) - 1)]
         if self.computed is not None:
-            short &= np.frombuffer(self.computed, np.uint8) == 0
-        return int(np.count_nonzero(short))
+            chosen &= np.frombuffer(self.computed, np.uint8) == 0
+        return int(np.count_nonzero(chosen))
 
     def claim(self) -> bool:
         """Marks the request answered; False if it already was (the one answer is sent once).

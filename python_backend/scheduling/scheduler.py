@@ -31,6 +31,7 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import queue
 import threading
@@ -136,6 +137,10 @@ class Scheduler:
         # the next class's requests the step took to ride: answered by the step if it fails
         self._riders: list[Admitted] = []
         self._partial: list[Admitted] = []  # riders with rows left: queued again after the step
+        # the step's riders with rows left while its last forward is in flight: queued again
+        # when it completes (no row is ever both in flight and queued)
+        self._held: list[Admitted] = []
+        self._rider_queue = 0  # the riders' class's rows queued when they were taken
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
         self._served = [0.0] * self.classes.classes
@@ -259,7 +264,9 @@ class Scheduler:
             later = clients_after_each(forwards)
             waiting = {row.owner.request.client for f in forwards for row in f.rows}
             for k, forward in enumerate(forwards):
-                self.run(forward)
+                if not self.run(forward, yields=k > 0):  # a higher class came while one ran
+                    self._requeue_forwards(forwards[k:])
+                    return forwards[:k]
                 waiting -= {row.owner.request.client for row in forward.rows}
                 # a client with no rows left in this step sent more (once every client of the
                 # step has had a forward: a client sending as fast as it is answered never
@@ -271,10 +278,12 @@ class Scheduler:
                     self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
                     return forwards[: k + 1]
-            if finish_last or self._partial:
+            if finish_last:
                 self.settle()
-            if self._partial:
-                self._requeue_forwards([])
+            if self._partial:  # queued again once no row of theirs is in flight
+                self._held, self._partial = self._partial, []
+                if not self.runner.in_flight:
+                    self._requeue_held()
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
@@ -366,23 +375,52 @@ class Scheduler:
         return capped
 
     def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
-        """The next class's requests with rows short enough to ride in ``forwards``, as many as
-        their room (passing over requests with none: a line's head that cannot ride never
-        blocks those behind it); none unless the step serves the highest class waiting."""
-        room = sum(max(0, layout.max_rows(f.padded_length) - len(f.rows)) for f in forwards)
+        """The next class's requests with rows that would ride in ``forwards`` (``_rider_room``,
+        ``_riding_lengths``), as many as their room (passing over requests with none: a line's
+        head that cannot ride never blocks those behind it); none unless the step serves the
+        highest class waiting."""
+        room = sum(self._rider_room(f, layout) for f in forwards)
         if not (self._step_is_top and self.policy.riders) or room <= 0:
             return []
-        longest = max(f.padded_length for f in forwards)
-
-        def short_enough(owner: Admitted) -> int:
-            """Its rows no longer than the longest forward: the ones that might ride."""
-            return owner.rows_within(longest)
-
         with self._cond:
-            _, riders = self._queue.take_rows(self._step_priority, room, short_enough)
+            self._rider_queue = self._queue.rows_below(self._step_priority)
+            if not self._rider_queue:
+                return []
+            riding = self._riding_lengths(forwards, self._rider_queue)
+
+            def useful(owner: Admitted) -> int:
+                return owner.rows_marked(riding)
+
+            _, riders = self._queue.take_rows(self._step_priority, room, useful)
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
         return self.admit(riders)
+
+    def _rider_room(self, forward: Forward, layout: PlanLayout) -> int:
+        """The rows ``forward`` may still take: as many as ``layout`` allows at its length, and
+        its cost at most ``RIDER_COST_FACTOR`` times what it was (the step's own rows wait)."""
+        length, held = forward.padded_length, len(forward.rows)
+        most = RIDER_COST_FACTOR * self.cost.cost(held, length)
+        allowed = bisect.bisect_right(
+            range(layout.max_rows(length) + 1), most, key=lambda n: self.cost.cost(n, length)
+        )
+        return max(0, allowed - 1 - held)
+
+    def _riding_lengths(self, forwards: list[Forward], queued: int) -> np.ndarray:
+        """Marks the token counts of rows that would ride in one of ``forwards`` (``rides``)
+        were the ``queued`` rows of their class all of their length: index n for a row of n
+        tokens; the last entry, for every longer row, False."""
+        longest = max(f.padded_length for f in forwards)
+        marked = np.zeros(longest + 2, dtype=bool)
+        for f in forwards:
+            below = 0
+            shorter = (t for t in self.layout.lengths if t < f.padded_length)
+            for alone in sorted({*shorter, f.padded_length}):
+                sharing = min(self.layout.max_rows(alone), queued)
+                if rides(self.cost, f.padded_length, len(f.rows), alone, sharing):
+                    marked[below + 1 : alone + 1] = True
+                below = alone
+        return marked
 
     def _ride(
         self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
@@ -395,12 +433,14 @@ class Scheduler:
         # riders at most double a forward's cost: the step's own rows wait for it
         most = [RIDER_COST_FACTOR * self.cost.cost(len(f.rows), f.padded_length) for f in forwards]
         back: list[Admitted] = []
-        # the riders' rows at each padded length: the forward they would share otherwise
+        # the rows of each padded length their class has queued, the forward they would share
+        # otherwise: the riders' counts scaled to the class's rows (those taken a sample)
         by_length = Counter(
             self.layout.pad_len(len(owner.request.rows[i]))
             for owner in riders
             for i in owner.rows_to_run()
         )
+        scale = self._rider_queue / max(1, by_length.total())
         for owner in riders:
             placed: list[tuple[int, RowRef]] = []
             for i in sorted(owner.rows_to_run(), key=lambda i: -len(owner.request.rows[i])):
@@ -408,7 +448,7 @@ class Scheduler:
                 if row.num_tokens > self.layout.longest_row:
                     break  # refused in a step of its own class; it is the longest, none placed
                 alone = self.layout.pad_len(row.num_tokens)
-                sharing = min(by_length[alone], self.layout.max_rows(alone))
+                sharing = min(int(by_length[alone] * scale), self.layout.max_rows(alone))
                 fits = [
                     k
                     for k, f in enumerate(forwards)
@@ -453,15 +493,21 @@ class Scheduler:
         for row in forward.rows:
             self._served[row.owner.request.priority - 1] += share
 
-    def run(self, forward: Forward) -> None:
+    def run(self, forward: Forward, yields: bool = False) -> bool:
         """Runs one planned forward and completes it; on failure, splits it and runs the parts.
         With ``overlap``, it is padded while the one before it runs, and the one before it is
-        completed while it runs: it completes by the next ``run`` or ``settle``."""
+        completed while it runs: it completes by the next ``run`` or ``settle``. With
+        ``yields``, it does not start where a class above the step's waits once the one before
+        it has run (False; the one before is completed): that class runs next, not after it."""
         inputs = self._inputs(forward)
         before = self.runner.wait()
         if before is not None and before.settled_first:
-            self._settle(before)  # its parts first, one at a time, before anything else runs
+            self._settle_flown(before)  # its parts first, one at a time, before anything else
             before = None
+        if yields and self._outranked():
+            if before is not None:
+                self._settle_flown(before)
+            return False
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
         kept = self._started(forward)
         if kept.rows:
@@ -469,7 +515,8 @@ class Scheduler:
             if ran is not None:
                 self._settle(ran)
         if before is not None:
-            self._settle(before)  # while the next one runs
+            self._settle_flown(before)  # while the next one runs
+        return True
 
     def _run_alone(self, forward: Forward) -> None:
         """Runs a forward now and completes it (the parts of one that failed, a row again)."""
@@ -494,7 +541,7 @@ class Scheduler:
         """Completes the forward in flight (``overlap``), if any: waits for it."""
         ran = self.runner.wait()
         if ran is not None:
-            self._settle(ran)
+            self._settle_flown(ran)
 
     def _settle(self, ran: Ran) -> None:
         if ran.error is not None:
@@ -507,6 +554,19 @@ class Scheduler:
         self._account(forward, ran.seconds)
         self.metrics.flush_if_due()
         self.complete(forward, ran.outputs, ran.finite)
+
+    def _settle_flown(self, ran: Ran) -> None:
+        """Completes the forward that was in flight; then the riders held for it are queued
+        again (``_held``)."""
+        self._settle(ran)
+        self._requeue_held()
+
+    def _requeue_held(self) -> None:
+        if self._held:
+            with self._cond:
+                self._queue_again(self._held)
+                self._held = []
+                self._cond.notify()
 
     def _settle_after_error(self, err: Exception) -> None:
         """After an internal error: the forward in flight (this step's or the one before's)
@@ -521,6 +581,7 @@ class Scheduler:
                 self._finish(
                     row.owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
                 )
+        self._requeue_held()  # those answered by the error stay out
 
     def complete(
         self, forward: Forward, outputs: np.ndarray, finite: np.ndarray | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from python_backend.common.contract import Reason
 from python_backend.common.cost_models import LinearCost
@@ -82,6 +83,48 @@ def test_a_request_rides_in_part_and_runs_the_rest_after_the_step():
     assert len(answers.by_request) == 2  # a second answer fails in the responder
 
 
+def test_riders_are_the_requests_with_rows_that_ride_not_the_first_in_line():
+    """The room of an interactive forward goes to the bulk requests whose rows ride there: with
+    a full forward's worth of short bulk rows queued first (cheaper in a forward of their own),
+    the long rows queued behind them ride."""
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, overhead=64.0)
+    answers = Answers()
+    short, long = rows_of(10, 8, start=100), rows_of(60, 2, start=200)
+    scheduler.submit(Request(short, answers.responder(1), client="a", priority=2))
+    scheduler.submit(Request(long, answers.responder(2), client="b", priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()
+    assert engine.calls == [(3, 64)], "the long rows ride: 64 units more, 72 alone each"
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert engine.calls[1:] == [(8, 16)]
+    for k, rows in enumerate((rows_of(60, 1), short, long)):
+        assert_answer_matches(answers.by_request[k], rows)
+
+
+def test_with_overlap_a_request_riding_in_part_leaves_the_last_forward_in_flight():
+    """A rider with rows left is queued again when the forward holding its rows completes, not
+    by waiting for it at the step's end: the engine keeps running while the next step plans.
+    Each row runs once."""
+    interactive = rows_of(20, 1)
+    bulk = [*rows_of(10, 2, start=100), *rows_of(50, 2, start=200)]
+    engine = FakeChecksumEngine(layout())
+    scheduler = scheduler_for(engine, overhead=1024.0, overlap=True)
+    answers = Answers()
+    scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+    scheduler.submit(Request(interactive, answers.responder(0)))
+    scheduler.step(finish_last=False)
+    assert scheduler.runner.in_flight and scheduler.queued_rows == 0, "held, not queued"
+    assert not scheduler.step(finish_last=False), "nothing of it is queued while in flight"
+    scheduler.settle()
+    assert scheduler.queued_rows == 2 and engine.calls == [(3, 32)]
+    scheduler.step()
+    assert engine.calls == [(3, 32), (2, 64)]
+    assert_answer_matches(answers.by_request[0], interactive)
+    assert_answer_matches(answers.by_request[1], bulk)
+
+
 def slow(per_token_s: float):
     """A forward that takes time in proportion to its padded tokens (the cap's measure)."""
 
@@ -91,10 +134,12 @@ def slow(per_token_s: float):
     return wait
 
 
-def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(overlap):
     """A bulk step right after an interactive request runs forwards of about ``wait_s`` each;
     an interactive request arriving during the first ends the step after that forward and runs
-    next. Without a higher class about, the bulk rows run as one forward."""
+    next (with ``overlap`` too, where the step's second forward was padded meanwhile). Without a
+    higher class about, the bulk rows run as one forward."""
     classes = ServiceClasses(wait_s=0.02, recent_s=10.0)
     cap = capped_layout(layout(), LinearCost(64.0), 0.004, 2e-5)
     assert [cap.max_rows(t) for t in (16, 32, 64)] == [8, 4, 2]  # 200 units, 136 padded tokens
@@ -109,7 +154,7 @@ def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(
             scheduler.submit(Request(rows_of(5, 1, start=7), answers.responder(2)))
 
     engine = FakeChecksumEngine(layout(), fail=first_forward_brings_a_query)
-    scheduler = scheduler_for(engine, overhead=64.0, classes=classes)
+    scheduler = scheduler_for(engine, overhead=64.0, classes=classes, overlap=overlap)
     scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
     scheduler.step()  # measures the engine: seconds per cost unit
     scheduler.submit(Request(rows_of(60, 8, start=50), answers.responder(1), priority=2))
@@ -126,7 +171,7 @@ def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(
         assert answers.by_request[k][2] is None
 
     alone = FakeChecksumEngine(layout(), fail=slow(1e-4))
-    scheduler = scheduler_for(alone, overhead=64.0, classes=classes)
+    scheduler = scheduler_for(alone, overhead=64.0, classes=classes, overlap=overlap)
     scheduler.submit(Request(rows_of(60, 8, start=50), Answers().responder(0), priority=2))
     scheduler.step()
     assert alone.calls == [(8, 64)]
