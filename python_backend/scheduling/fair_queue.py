@@ -18,6 +18,9 @@ under its lock.
 
 A client is a name (the front door's, from the API key or the address); "" is the one client
 of a server nobody names. ``ClassedQueue`` keeps one such queue per service class.
+
+Given a ``measure`` (an item's rows counted by length, say), a queue keeps the sum over what it
+holds (``measured``): an item's measure must not change while it is queued.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 SCAN_ITEMS = 128  # the most requests ``take_counted`` looks at in one call
@@ -41,7 +46,12 @@ class _Line(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, max_rows: int, quantum_rows: int) -> None:
+    def __init__(
+        self,
+        max_rows: int,
+        quantum_rows: int,
+        measure: Callable[[T], np.ndarray] | None = None,
+    ) -> None:
         self.max_rows = max_rows  # the bound on rows queued (a client under its share may pass it)
         # rows a client's deficit grows by at each visit: at least a request's most rows, so that
         # every visit takes at least one request
@@ -49,6 +59,8 @@ class FairQueue(Generic[T]):
         self._lines: dict[str, _Line[T]] = {}  # the clients with rows queued
         self._turn: deque[str] = deque()  # the visiting order; its head is visited next
         self.rows = 0  # rows queued, every client
+        self._measure = measure
+        self.measured: np.ndarray | None = None  # the sum of the items' measures, once one came
 
     def __len__(self) -> int:
         return self.rows
@@ -89,6 +101,14 @@ class FairQueue(Generic[T]):
         line.items.append((item, rows))
         line.rows += rows
         self.rows += rows
+        self._count(item, 1)
+
+    def _count(self, item: T, sign: int) -> None:
+        if self._measure is not None:
+            measure = self._measure(item)
+            if self.measured is None:
+                self.measured = np.zeros_like(measure)
+            self.measured += sign * measure
 
     def push_front(self, returned: Iterable[tuple[str, T, int]]) -> None:
         """Items a step took and did not run (a waiting policy), back ahead of their clients'
@@ -103,6 +123,8 @@ class FairQueue(Generic[T]):
             line.rows += added
             line.deficit += added  # taken and not run: its turn did not spend them
             self.rows += added
+            for item, _ in items:
+                self._count(item, 1)
 
     def take(self) -> list[T]:
         """One step's requests: everything while one client waits; else one round of deficit
@@ -113,6 +135,8 @@ class FairQueue(Generic[T]):
             taken = [item for item, _ in self._lines[client].items]
             self._drop(client)
             self.rows = 0
+            if self.measured is not None:
+                self.measured[:] = 0
             return taken
         for _ in range(len(self._turn)):
             client = self._turn[0]
@@ -123,6 +147,7 @@ class FairQueue(Generic[T]):
                 line.deficit -= rows
                 line.rows -= rows
                 self.rows -= rows
+                self._count(item, -1)
                 taken.append(item)
             if not line.items:
                 self._drop(client)
@@ -145,6 +170,7 @@ class FairQueue(Generic[T]):
                     item, rows = line.items.popleft()
                     line.rows -= rows
                     self.rows -= rows
+                    self._count(item, -1)
                     limit -= rows
                     taken.append(item)
                     progress = True
@@ -171,6 +197,7 @@ class FairQueue(Generic[T]):
                         del items[k]
                         self._lines[client].rows -= rows
                         self.rows -= rows
+                        self._count(item, -1)
                         taken.append(item)
                         limit -= useful
                         progress = True
@@ -204,8 +231,17 @@ class ClassedQueue(Generic[T]):
     rows never count against it), so a full queue refuses the lowest class over its share first;
     within a class, clients share as in ``FairQueue``. With one class it is a FairQueue."""
 
-    def __init__(self, classes: int, max_rows: int, quantum_rows: int) -> None:
-        self.lines = [FairQueue[T](max_rows, quantum_rows) for _ in range(classes)]
+    def __init__(
+        self,
+        classes: int,
+        max_rows: int,
+        quantum_rows: int,
+        measure: Callable[[T], np.ndarray] | None = None,
+    ) -> None:
+        """``measure``: kept for every class below the first (those whose rows ride)."""
+        self.lines = [
+            FairQueue[T](max_rows, quantum_rows, measure if k else None) for k in range(classes)
+        ]
 
     def __len__(self) -> int:
         return sum(line.rows for line in self.lines)
@@ -222,9 +258,9 @@ class ClassedQueue(Generic[T]):
         """Whether a class above ``priority`` has rows queued."""
         return any(line.rows for line in self.lines[: priority - 1])
 
-    def rows_below(self, priority: int) -> int:
-        """The rows queued in the first class below ``priority`` with any (``take_rows``'s)."""
-        return next((line.rows for line in self.lines[priority:] if line.rows), 0)
+    def below(self, priority: int) -> FairQueue[T] | None:
+        """The first class below ``priority`` with rows queued (``take_rows``'s), if any."""
+        return next((line for line in self.lines[priority:] if line.rows), None)
 
     def has_client_besides(self, priority: int, clients: frozenset[str]) -> bool:
         return self.lines[priority - 1].has_client_besides(clients)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from python_backend.common.cost_models import CostModel
+from python_backend.engines.base import BucketLayout
 from python_backend.scheduling.planner import PLANNERS, Group, PlanLayout, Planner
 
 
@@ -66,17 +67,27 @@ def policy_named(name: str) -> Policy:
 
 
 class BudgetLayout:
-    """A layout whose forwards hold at most ``budget`` padded tokens: for re-planning a failure."""
+    """A layout whose forwards hold at most ``budget`` padded tokens as the engine runs them (at
+    a captured batch size, where it captured any): for re-planning a failure, and the cap."""
 
-    def __init__(self, base: PlanLayout, budget: int) -> None:
+    def __init__(self, base: BucketLayout, budget: int) -> None:
         self.base, self.budget = base, budget
         self.max_batch = base.max_batch
+        self._rows: dict[int, int] = {}
 
     def pad_len(self, num_tokens: int) -> int:
         return self.base.pad_len(num_tokens)
 
     def max_rows(self, padded_length: int) -> int:
-        return max(1, min(self.base.max_rows(padded_length), self.budget // padded_length))
+        rows = self._rows.get(padded_length)
+        if rows is None:
+            rows = max(1, min(self.base.max_rows(padded_length), self.budget // padded_length))
+            while rows > 1 and self.base.run_batch_size(padded_length, rows) * padded_length > (
+                self.budget
+            ):
+                rows -= 1
+            self._rows[padded_length] = rows
+        return rows
 
     def mergeable(self, num_tokens: int) -> bool:
         return self.base.mergeable(num_tokens)
@@ -87,8 +98,9 @@ class ServiceClasses:
     """How the scheduler serves classes of requests (``Request.priority``, 1 first).
 
     A step takes the highest class waiting; rows of the next class ride in its forwards where
-    that costs less than their share of a forward of their own (``rides``), making a forward cost
-    at most ``RIDER_COST_FACTOR`` times as much; a request may ride in part. While a higher class is waiting or
+    one more row costs less than its share of a forward of its own, making a forward cost at
+    most ``RIDER_COST_FACTOR`` times as much; a forward may run longer than its own rows for
+    riders of that length, and a request may ride in part. While a higher class is waiting or
     was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
     engine about ``wait_s`` at most (``capped_layout``), and the step yields after any forward
     once a higher class waits. A lower class with rows waiting whose share of the engine's recent
@@ -106,18 +118,8 @@ class ServiceClasses:
 RIDER_COST_FACTOR = 2.0
 
 
-def rides(
-    cost: CostModel, padded_length: int, rows: int, alone_length: int, alone_rows: int = 1
-) -> bool:
-    """Whether one more row costs less in a forward of ``rows`` rows at ``padded_length`` than
-    its share of a forward of ``alone_rows`` rows at its own padded length (``alone_length``):
-    the rows of its length that would run with it otherwise."""
-    more = cost.cost(rows + 1, padded_length) - cost.cost(rows, padded_length)
-    return more < cost.cost(alone_rows, alone_length) / alone_rows
-
-
 def capped_layout(
-    base: PlanLayout, cost: CostModel, wait_s: float, seconds_per_unit: float
+    base: BucketLayout, cost: CostModel, wait_s: float, seconds_per_unit: float
 ) -> BudgetLayout:
     """``base`` with forwards of at most the padded tokens whose cost takes ``wait_s``: the
     forward's fixed cost (a one-row forward at the shortest length, less that length) comes off

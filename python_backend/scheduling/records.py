@@ -77,13 +77,22 @@ class Admitted:
 
     def rows_marked(self, marked: np.ndarray) -> int:
         """Rows not computed yet whose token count ``marked`` marks (one longer than it: none)."""
+        lengths = self._lengths_to_run()
+        return int(np.count_nonzero(marked[np.minimum(lengths, len(marked) - 1)]))
+
+    def rows_by_length(self, lengths: np.ndarray) -> np.ndarray:
+        """Rows not computed yet counted by the first of ``lengths`` (ascending) that holds them;
+        the last entry counts those longer than every one."""
+        held = np.searchsorted(lengths, self._lengths_to_run())
+        return np.bincount(held, minlength=len(lengths) + 1)
+
+    def _lengths_to_run(self) -> np.ndarray:
         if self.lengths is None:
             rows = self.request.rows
             self.lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-        chosen = marked[np.minimum(self.lengths, len(marked) - 1)]
-        if self.computed is not None:
-            chosen &= np.frombuffer(self.computed, np.uint8) == 0
-        return int(np.count_nonzero(chosen))
+        if self.computed is None:
+            return self.lengths
+        return self.lengths[np.frombuffer(self.computed, np.uint8) == 0]
 
     def claim(self) -> bool:
         """Marks the request answered; False if it already was (the one answer is sent once).

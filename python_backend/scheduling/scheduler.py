@@ -31,13 +31,12 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -54,7 +53,6 @@ from python_backend.scheduling.policy import (
     ServiceClasses,
     capped_layout,
     policy_named,
-    rides,
 )
 from python_backend.scheduling.records import Admitted, Answer, Forward, Outcome, Request, RowRef
 from python_backend.scheduling.runners import Ran, finite_rows, runner_for
@@ -128,8 +126,12 @@ class Scheduler:
         # shared between clients: whole requests, one round of deficit round-robin a step, the
         # highest class waiting first (ServiceClasses)
         self.classes = classes or ServiceClasses()
+        by_length = np.asarray(self.layout.lengths)
         self._queue: ClassedQueue[Admitted] = ClassedQueue(
-            self.classes.classes, max_queue_rows, quantum_rows=MAX_ROWS_PER_REQUEST
+            self.classes.classes,
+            max_queue_rows,
+            quantum_rows=MAX_ROWS_PER_REQUEST,
+            measure=lambda owner: owner.rows_by_length(by_length),  # riders' lengths (_fill)
         )
         self._step_priority = 1  # the class the step in progress serves
         self._step_is_top = True  # it serves the highest class waiting (not a starved one)
@@ -140,7 +142,8 @@ class Scheduler:
         # the step's riders with rows left while its last forward is in flight: queued again
         # when it completes (no row is ever both in flight and queued)
         self._held: list[Admitted] = []
-        self._rider_queue = 0  # the riders' class's rows queued when they were taken
+        self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
+        self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
         self._served = [0.0] * self.classes.classes
@@ -264,7 +267,9 @@ class Scheduler:
             later = clients_after_each(forwards)
             waiting = {row.owner.request.client for f in forwards for row in f.rows}
             for k, forward in enumerate(forwards):
-                if not self.run(forward, yields=k > 0):  # a higher class came while one ran
+                # a higher class came while the forward before ran (or this step planned, unless
+                # it serves a starved class: that one runs a forward first)
+                if not self.run(forward, yields=k > 0 or self._step_is_top):
                     self._requeue_forwards(forwards[k:])
                     return forwards[:k]
                 waiting -= {row.owner.request.client for row in forward.rows}
@@ -375,109 +380,125 @@ class Scheduler:
         return capped
 
     def _take_riders(self, forwards: list[Forward], layout: PlanLayout) -> list[Admitted]:
-        """The next class's requests with rows that would ride in ``forwards`` (``_rider_room``,
-        ``_riding_lengths``), as many as their room (passing over requests with none: a line's
-        head that cannot ride never blocks those behind it); none unless the step serves the
-        highest class waiting."""
-        room = sum(self._rider_room(f, layout) for f in forwards)
-        if not (self._step_is_top and self.policy.riders) or room <= 0:
+        """The next class's requests with rows that would ride in ``forwards``. From the rows
+        that class has queued at each length (``FairQueue.measured``), each forward's length to
+        run at, its own or longer, and the rows it would take there (``_fill``); then requests
+        with rows of those lengths until they hold that many (passing over requests with none:
+        a line's head that cannot ride never blocks those behind it). None unless the step
+        serves the highest class waiting."""
+        self._ride_at = [f.padded_length for f in forwards]
+        if not (self._step_is_top and self.policy.riders):
             return []
         with self._cond:
-            self._rider_queue = self._queue.rows_below(self._step_priority)
-            if not self._rider_queue:
+            line = self._queue.below(self._step_priority)
+            if line is None or line.measured is None:
                 return []
-            riding = self._riding_lengths(forwards, self._rider_queue)
+            queued = dict(zip(self.layout.lengths, map(int, line.measured), strict=False))
+            # a rider's share of the forward it would run in otherwise: one of its length, as
+            # full as the class's rows make it (a flood's rows run in full forwards)
+            self._shares = {}
+            for t in queued:
+                sharing = max(1, min(self.layout.max_rows(t), line.rows))
+                self._shares[t] = self.cost.cost(sharing, t) / sharing
+            wanted: Counter[int] = Counter()
+            for k, f in enumerate(forwards):
+                fills = [self._fill(f, t, queued, layout) for t in self._raises(f, layout)]
+                _, self._ride_at[k], counts = max(fills, key=lambda fill: (fill[0], -fill[1]))
+                for t, n in counts.items():
+                    queued[t] -= n
+                wanted += counts
+            if not wanted:
+                return []
+            marked = np.zeros(max(wanted) + 2, dtype=bool)  # the token counts of those lengths
+            for below, t in itertools.pairwise((0, *self.layout.lengths)):
+                marked[below + 1 : t + 1] = t in wanted
 
             def useful(owner: Admitted) -> int:
-                return owner.rows_marked(riding)
+                return owner.rows_marked(marked)
 
-            _, riders = self._queue.take_rows(self._step_priority, room, useful)
+            _, riders = self._queue.take_rows(self._step_priority, wanted.total(), useful)
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
         return self.admit(riders)
 
-    def _rider_room(self, forward: Forward, layout: PlanLayout) -> int:
-        """The rows ``forward`` may still take: as many as ``layout`` allows at its length, and
-        its cost at most ``RIDER_COST_FACTOR`` times what it was (the step's own rows wait)."""
-        length, held = forward.padded_length, len(forward.rows)
-        most = RIDER_COST_FACTOR * self.cost.cost(held, length)
-        allowed = bisect.bisect_right(
-            range(layout.max_rows(length) + 1), most, key=lambda n: self.cost.cost(n, length)
-        )
-        return max(0, allowed - 1 - held)
+    def _runs_cost(self, rows: int, length: int) -> float:
+        """What a forward of ``rows`` rows at ``length`` costs as the engine runs it: at its
+        next captured batch size, where it captured any (CUDA graphs)."""
+        return self.cost.cost(self.layout.run_batch_size(length, rows), length)
 
-    def _riding_lengths(self, forwards: list[Forward], queued: int) -> np.ndarray:
-        """Marks the token counts of rows that would ride in one of ``forwards`` (``rides``)
-        were the ``queued`` rows of their class all of their length: index n for a row of n
-        tokens; the last entry, for every longer row, False."""
-        longest = max(f.padded_length for f in forwards)
-        marked = np.zeros(longest + 2, dtype=bool)
-        for f in forwards:
-            below = 0
-            shorter = (t for t in self.layout.lengths if t < f.padded_length)
-            for alone in sorted({*shorter, f.padded_length}):
-                sharing = min(self.layout.max_rows(alone), queued)
-                if rides(self.cost, f.padded_length, len(f.rows), alone, sharing):
-                    marked[below + 1 : alone + 1] = True
-                below = alone
-        return marked
+    def _raises(self, forward: Forward, layout: PlanLayout) -> list[int]:
+        """The lengths ``forward`` may run at to take riders: its own, and each longer bucket
+        where one more row keeps it within ``RIDER_COST_FACTOR`` times its cost (its own rows
+        padded further, riders of that length none)."""
+        held, length = len(forward.rows), forward.padded_length
+        most = RIDER_COST_FACTOR * self._runs_cost(held, length)
+        return [length] + [
+            t
+            for t in self.layout.lengths
+            if t > length and layout.max_rows(t) > held and self._runs_cost(held + 1, t) <= most
+        ]
+
+    def _fill(
+        self, forward: Forward, length: int, rows: Mapping[int, int], layout: PlanLayout
+    ) -> tuple[float, int, Counter[int]]:
+        """The riders ``forward`` takes run at ``length``, of ``rows`` (how many at each bucket
+        length): those of the longest lengths first, each where its tokens there cost less than
+        its share of a forward of its own (``_shares``), while the forward, as it runs
+        (``_runs_cost``), stays within ``RIDER_COST_FACTOR`` times its cost and the layout's
+        rows. Returns what they save (their shares less what the forward costs more),
+        ``length``, and how many of each length it takes."""
+        held, cost = len(forward.rows), self.cost.cost
+        before = self._runs_cost(held, forward.padded_length)
+        most = RIDER_COST_FACTOR * before
+        taken: Counter[int] = Counter()
+        work, n = 0.0, held
+        for alone in sorted((t for t in rows if t <= length), reverse=True):
+            share = self._shares[alone]
+            while (
+                taken[alone] < rows[alone]
+                and n < layout.max_rows(length)
+                and self._runs_cost(n + 1, length) <= most
+                and cost(n + 1, length) - cost(n, length) < share
+            ):
+                taken[alone] += 1
+                n += 1
+            work += taken[alone] * share
+        return work - (self._runs_cost(n, length) - before), length, +taken
 
     def _ride(
         self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
     ) -> list[Forward]:
-        """``forwards`` with the riders' rows added where each costs less than alone, longest
-        first; a rider with none placed is queued again now, one with some placed after the
-        step (``_partial``: no row is ever both in flight and queued)."""
-        extra: list[list[RowRef]] = [[] for _ in forwards]
-        held = [len(f.rows) for f in forwards]
-        # riders at most double a forward's cost: the step's own rows wait for it
-        most = [RIDER_COST_FACTOR * self.cost.cost(len(f.rows), f.padded_length) for f in forwards]
-        back: list[Admitted] = []
-        # the rows of each padded length their class has queued, the forward they would share
-        # otherwise: the riders' counts scaled to the class's rows (those taken a sample)
-        by_length = Counter(
-            self.layout.pad_len(len(owner.request.rows[i]))
-            for owner in riders
-            for i in owner.rows_to_run()
-        )
-        scale = self._rider_queue / max(1, by_length.total())
+        """``forwards`` with the riders' rows added, each forward run at the length
+        ``_take_riders`` chose and taking what ``_fill`` takes of the riders' rows there, oldest
+        first. A rider with none placed is queued again now, one with some placed after the step
+        (``_partial``: no row is ever both in flight and queued)."""
+        pool: dict[int, list[RowRef]] = {}  # the riders' rows by the bucket they run at alone
         for owner in riders:
-            placed: list[tuple[int, RowRef]] = []
-            for i in sorted(owner.rows_to_run(), key=lambda i: -len(owner.request.rows[i])):
-                row = RowRef(owner, i, len(owner.request.rows[i]))
-                if row.num_tokens > self.layout.longest_row:
-                    break  # refused in a step of its own class; it is the longest, none placed
-                alone = self.layout.pad_len(row.num_tokens)
-                sharing = min(int(by_length[alone] * scale), self.layout.max_rows(alone))
-                fits = [
-                    k
-                    for k, f in enumerate(forwards)
-                    if f.padded_length >= alone
-                    and held[k] < layout.max_rows(f.padded_length)
-                    and self.cost.cost(held[k] + 1, f.padded_length) <= most[k]
-                    and rides(self.cost, f.padded_length, held[k], alone, sharing)
-                ]
-                if fits:
-                    best = min(fits, key=lambda k: forwards[k].padded_length)
-                    held[best] += 1
-                    placed.append((best, row))
-            if not placed:
-                back.append(owner)
+            rows = [RowRef(owner, i, len(owner.request.rows[i])) for i in owner.rows_to_run()]
+            if rows and max(r.num_tokens for r in rows) <= self.layout.lengths[-1]:
+                for row in rows:  # (a longer row runs in its own class's step, its request whole)
+                    pool.setdefault(self.layout.pad_len(row.num_tokens), []).append(row)
+        ridden: list[Forward] = []
+        for f, length in zip(forwards, self._ride_at, strict=True):
+            available = {t: len(rows) for t, rows in pool.items()}
+            _, _, counts = self._fill(f, length, available, layout)
+            if not counts:
+                ridden.append(f)
                 continue
-            for k, row in placed:
-                extra[k].append(row)
-            if len(placed) < owner.remaining:
-                self._partial.append(owner)
+            more = [row for t, n in counts.items() for row in pool[t][:n]]
+            for t, n in counts.items():
+                del pool[t][:n]
+            ridden.append(
+                Forward(length, f.rows + tuple(more), f.oldest_arrival, f.oldest_arrived_at)
+            )
+        placed = Counter(id(row.owner) for f in ridden for row in f.rows)
+        back = [owner for owner in riders if not placed[id(owner)]]
+        self._partial = [o for o in riders if 0 < placed[id(o)] < o.remaining]
         if back:
             with self._cond:
                 self._queue_again(back)
                 self._cond.notify()
-        return [
-            Forward(f.padded_length, f.rows + tuple(more), f.oldest_arrival, f.oldest_arrived_at)
-            if more
-            else f
-            for f, more in zip(forwards, extra, strict=True)
-        ]
+        return ridden
 
     def _account(self, forward: Forward, seconds: float) -> None:
         """A forward's cost, shared between its rows' classes; and the engine's seconds per

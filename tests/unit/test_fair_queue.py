@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from python_backend.scheduling.fair_queue import FairQueue
 
 
@@ -101,3 +103,34 @@ def test_a_client_that_empties_keeps_no_credit():
     q.push("a", "a2", 60)  # 63 rows of saved credit would pay for it in the same round
     q.push("b", "b1", 64)
     assert q.take() == ["a1", "b1"]
+
+
+def test_the_measure_of_what_is_queued_follows_every_way_in_and_out():
+    """Items' measures (rows by length, for the scheduler) summed over what the queue holds,
+    through pushes, rounds, counted and row-limited takes, and returns, checked against a
+    recount after each operation in a random sequence."""
+    measure = {f"r{i}": np.array([i % 3, i % 5, 1]) for i in range(400)}
+    q: FairQueue[str] = FairQueue(4096, quantum_rows=8, measure=measure.__getitem__)
+    held: dict[str, str] = {}  # item -> client, what the queue holds
+    rng = random.Random(1)
+    names = iter(measure)
+    for _ in range(300):
+        op = rng.choice(["push", "push", "take", "take_rows", "take_counted"])
+        taken: list[str] = []
+        if op == "push":
+            name, client = next(names), rng.choice("abc")
+            q.push(client, name, rng.randint(1, 8))
+            held[name] = client
+        elif op == "take":
+            taken = q.take()
+        elif op == "take_rows":
+            taken = q.take_rows(rng.randint(1, 20), at_least_one=rng.random() < 0.5)
+        elif op == "take_counted":
+            taken = q.take_counted(rng.randint(1, 20), lambda name: int(name[1:]) % 2)
+        if op != "push":
+            clients = {name: held.pop(name) for name in taken}
+            if op in ("take", "take_rows") and clients and rng.random() < 0.5:
+                q.push_front((client, name, 3) for name, client in clients.items())
+                held.update(clients)
+        expected = sum((measure[name] for name in held), np.zeros(3, dtype=np.int64))
+        assert q.measured is None or q.measured.tolist() == expected.tolist(), op

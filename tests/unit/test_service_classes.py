@@ -13,8 +13,10 @@ import pytest
 from python_backend.common.contract import Reason
 from python_backend.common.cost_models import LinearCost
 from python_backend.common.decoding import parse_options
+from python_backend.common.engine_profiles import Bucket
+from python_backend.engines.base import BucketLayout
 from python_backend.scheduling.fair_queue import ClassedQueue
-from python_backend.scheduling.policy import ServiceClasses, capped_layout, rides
+from python_backend.scheduling.policy import BudgetLayout, ServiceClasses, capped_layout
 from python_backend.scheduling.records import Request
 from python_backend.transport.wire import decode_submit, encode_submit
 from testkit.fake_engine import FakeChecksumEngine, layout
@@ -59,8 +61,6 @@ def test_the_higher_class_runs_first_and_a_lower_request_rides_where_it_costs_le
         assert_answer_matches(answers.by_request[9], interactive)
         for k, rows in enumerate(bulk):
             assert_answer_matches(answers.by_request[k], rows)
-    assert rides(LinearCost(64.0), 64, 1, 16) and not rides(LinearCost(0.0), 64, 1, 16)
-    assert not rides(LinearCost(64.0), 64, 1, 16, alone_rows=6)
 
 
 def test_a_request_rides_in_part_and_runs_the_rest_after_the_step():
@@ -69,7 +69,7 @@ def test_a_request_rides_in_part_and_runs_the_rest_after_the_step():
     interactive = rows_of(20, 1)
     bulk = [*rows_of(10, 2, start=100), *rows_of(50, 2, start=200)]
     engine = FakeChecksumEngine(layout())
-    scheduler = scheduler_for(engine, overhead=1024.0)
+    scheduler = scheduler_for(engine, overhead=100.0)
     answers = Answers()
     scheduler.submit(Request(bulk, answers.responder(1), priority=2))
     scheduler.submit(Request(interactive, answers.responder(0)))
@@ -81,6 +81,24 @@ def test_a_request_rides_in_part_and_runs_the_rest_after_the_step():
     assert_answer_matches(answers.by_request[0], interactive)
     assert_answer_matches(answers.by_request[1], bulk)
     assert len(answers.by_request) == 2  # a second answer fails in the responder
+
+
+def test_an_interactive_forward_runs_longer_to_take_riders_of_that_length():
+    """Where the bulk rows queued are all longer than the interactive row, its forward runs at
+    their length and takes them (its own row padded further) where that saves more than it
+    costs (a large fixed cost); with a small fixed cost each runs at its own length."""
+    for overhead, calls in ((1024.0, [(8, 64)]), (16.0, [(1, 16), (7, 64)])):
+        engine = FakeChecksumEngine(layout())
+        scheduler = scheduler_for(engine, overhead=overhead)
+        answers = Answers()
+        bulk, interactive = rows_of(60, 7, start=100), rows_of(10, 1)
+        scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+        scheduler.submit(Request(interactive, answers.responder(0)))
+        while scheduler.queued_rows:
+            scheduler.step()
+        assert engine.calls == calls, overhead
+        assert_answer_matches(answers.by_request[0], interactive)
+        assert_answer_matches(answers.by_request[1], bulk)
 
 
 def test_riders_are_the_requests_with_rows_that_ride_not_the_first_in_line():
@@ -110,7 +128,7 @@ def test_with_overlap_a_request_riding_in_part_leaves_the_last_forward_in_flight
     interactive = rows_of(20, 1)
     bulk = [*rows_of(10, 2, start=100), *rows_of(50, 2, start=200)]
     engine = FakeChecksumEngine(layout())
-    scheduler = scheduler_for(engine, overhead=1024.0, overlap=True)
+    scheduler = scheduler_for(engine, overhead=100.0, overlap=True)
     answers = Answers()
     scheduler.submit(Request(bulk, answers.responder(1), priority=2))
     scheduler.submit(Request(interactive, answers.responder(0)))
@@ -175,6 +193,31 @@ def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(
     scheduler.submit(Request(rows_of(60, 8, start=50), Answers().responder(0), priority=2))
     scheduler.step()
     assert alone.calls == [(8, 64)]
+
+
+def test_a_budget_counts_the_batch_the_engine_runs_and_riders_fill_to_a_captured_size():
+    """Where the engine runs captured batch sizes (CUDA graphs), a capped forward holds the rows
+    whose captured batch fits the budget (40 rows would run as 64), and an interactive forward
+    takes riders up to the captured size whose cost stays within twice its own (a row more
+    would run as the next size), not rows that would run as a larger batch."""
+    captured = BucketLayout(
+        tuple(Bucket(t, 64, 32, (1, 2, 4, 8, 16, 32, 64)) for t in (16, 32, 64)), 64, 64, None
+    )
+    budget = BudgetLayout(captured, 40 * 64)
+    assert [budget.max_rows(t) for t in (16, 32, 64)] == [64, 64, 32]
+    assert BudgetLayout(layout(lengths=(16, 32, 64), max_rows=64), 40 * 64).max_rows(64) == 40
+
+    engine = FakeChecksumEngine(captured)
+    scheduler = scheduler_for(engine, overhead=256.0)
+    answers = Answers()
+    bulk = rows_of(60, 40, start=100)
+    scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()  # twice 320 units: 4 rows run as 4 (512 units), 5 would run as 8 (768)
+    assert engine.calls == [(4, 64)], engine.calls
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert_answer_matches(answers.by_request[1], bulk)
 
 
 def test_a_cap_longer_than_any_forward_leaves_the_step_whole():
