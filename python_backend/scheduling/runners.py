@@ -85,7 +85,12 @@ class Runner(Protocol):
         """The forward in flight once it has run; None when none is."""
 
     @property
-    def in_flight(self) -> bool: ...
+    def in_flight(self) -> Forward | None:
+        """The forward submitted and not waited for yet, if any."""
+
+    @property
+    def ran(self) -> bool:
+        """Whether ``wait`` returns at once: the forward in flight has run, or none is."""
 
     def close(self) -> None:
         """After the last forward: ends the engine thread, if one runs."""
@@ -93,9 +98,16 @@ class Runner(Protocol):
 
 class InlineRunner:
     overlaps = False
-    in_flight = False
+    in_flight = None
+    ran = True
 
-    def __init__(self, engine: Engine, vocab_size: int | None, timer: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        vocab_size: int | None,
+        timer: Callable[[], float],
+        on_ran: Callable[[], None] = lambda: None,
+    ) -> None:
         self.engine, self.vocab_size, self.timer = engine, vocab_size, timer
 
     def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran | None:
@@ -114,26 +126,38 @@ class InlineRunner:
 class OverlappedRunner:
     overlaps = True
 
-    def __init__(self, engine: Engine, vocab_size: int | None, timer: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        vocab_size: int | None,
+        timer: Callable[[], float],
+        on_ran: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``on_ran``: called on the engine thread as each forward has run."""
         self.engine, self.vocab_size, self.timer = engine, vocab_size, timer
+        self.on_ran = on_ran
         self._jobs: queue.SimpleQueue[tuple[Forward, np.ndarray, np.ndarray] | None] = (
             queue.SimpleQueue()
         )
         self._ran: queue.SimpleQueue[Ran] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started with the first forward
-        self._in_flight = False
+        self._in_flight: Forward | None = None
 
     @property
-    def in_flight(self) -> bool:
+    def in_flight(self) -> Forward | None:
         return self._in_flight
 
+    @property
+    def ran(self) -> bool:
+        return self._in_flight is None or not self._ran.empty()
+
     def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran | None:
-        assert not self._in_flight, "one forward in flight at a time"
+        assert self._in_flight is None, "one forward in flight at a time"
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
             self._thread.start()
         self._jobs.put((forward, ids, mask))
-        self._in_flight = True
+        self._in_flight = forward
         return None
 
     def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
@@ -143,9 +167,9 @@ class OverlappedRunner:
         return ran
 
     def wait(self) -> Ran | None:
-        if not self._in_flight:
+        if self._in_flight is None:
             return None
-        self._in_flight = False
+        self._in_flight = None
         return self._ran.get()
 
     def close(self) -> None:
@@ -154,6 +178,7 @@ class OverlappedRunner:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             self._ran.put(run_forward(self.engine, *job, self.vocab_size, self.timer))
+            self.on_ran()
 
 
 def runner_for(
@@ -161,6 +186,8 @@ def runner_for(
     vocab_size: int | None,
     overlap: bool,
     timer: Callable[[], float] = time.perf_counter,
+    on_ran: Callable[[], None] = lambda: None,
 ) -> Runner:
-    """The runner, timing forwards with ``timer`` (the simulator's: its virtual clock)."""
-    return (OverlappedRunner if overlap else InlineRunner)(engine, vocab_size, timer)
+    """The runner, timing forwards with ``timer`` (the simulator's: its virtual clock);
+    ``on_ran``: called as a forward in flight has run (``OverlappedRunner``)."""
+    return (OverlappedRunner if overlap else InlineRunner)(engine, vocab_size, timer, on_ran)

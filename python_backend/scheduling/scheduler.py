@@ -31,6 +31,7 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import threading
@@ -167,7 +168,7 @@ class Scheduler:
         # ``vocab_size`` again before each forward (a queue owner's fronts decoded them; an id
         # past the vocabulary fails its row alone, through the split below, never the forward)
         # forwards are timed with ``timer`` (the simulator's: its virtual clock)
-        self.runner = runner_for(engine, vocab_size, overlap, timer)
+        self.runner = runner_for(engine, vocab_size, overlap, timer, self._ran_one)
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -267,10 +268,12 @@ class Scheduler:
             later = clients_after_each(forwards)
             waiting = {row.owner.request.client for f in forwards for row in f.rows}
             for k, forward in enumerate(forwards):
-                # a higher class came while the forward before ran (or this step planned, unless
-                # it serves a starved class: that one runs a forward first)
-                if not self.run(forward, yields=k > 0 or self._step_is_top):
+                # a higher class came while the forward before ran: it runs next (a step runs
+                # one forward at least, so a lower class always gets on)
+                if not self.run(forward, yields=k > 0):
                     self._requeue_forwards(forwards[k:])
+                    if finish_last:
+                        self.settle()
                     return forwards[:k]
                 waiting -= {row.owner.request.client for row in forward.rows}
                 # a client with no rows left in this step sent more (once every client of the
@@ -280,14 +283,15 @@ class Scheduler:
                 if k + 1 < len(forwards) and (newcomer or self._outranked()):
                     # the rest waits for the next step, where the queue's shares include the
                     # newcomer, after this forward, not after every forward this step planned
-                    self.settle()
                     self._requeue_forwards(forwards[k + 1 :])
+                    if finish_last:
+                        self.settle()
                     return forwards[: k + 1]
             if finish_last:
                 self.settle()
             if self._partial:  # queued again once no row of theirs is in flight
                 self._held, self._partial = self._partial, []
-                if not self.runner.in_flight:
+                if self.runner.in_flight is None:
                     self._requeue_held()
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
@@ -518,9 +522,12 @@ class Scheduler:
         """Runs one planned forward and completes it; on failure, splits it and runs the parts.
         With ``overlap``, it is padded while the one before it runs, and the one before it is
         completed while it runs: it completes by the next ``run`` or ``settle``. With
-        ``yields``, it does not start where a class above the step's waits once the one before
-        it has run (False; the one before is completed): that class runs next, not after it."""
+        ``yields``, it does not start where a class above the step's comes before the one
+        before it has run (False: that class is planned while it runs, and runs next) or waits
+        once it has (False; the one before is completed)."""
         inputs = self._inputs(forward)
+        if yields and self._outranked_while_running():
+            return False
         before = self.runner.wait()
         if before is not None and before.settled_first:
             self._settle_flown(before)  # its parts first, one at a time, before anything else
@@ -538,6 +545,19 @@ class Scheduler:
         if before is not None:
             self._settle_flown(before)  # while the next one runs
         return True
+
+    def _outranked_while_running(self) -> bool:
+        """Waits until the forward in flight has run or a class above the step's has rows
+        queued, whichever comes first: True for the second (the forward still runs)."""
+        with self._cond:
+            higher = functools.partial(self._queue.higher_than, self._step_priority)
+            self._cond.wait_for(lambda: self.runner.ran or higher())
+            return not self.runner.ran
+
+    def _ran_one(self) -> None:
+        """The engine thread's word that the forward in flight has run."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _run_alone(self, forward: Forward) -> None:
         """Runs a forward now and completes it (the parts of one that failed, a row again)."""
@@ -717,7 +737,7 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
-            if self.runner.in_flight:
+            if self.runner.in_flight is not None:
                 with self._cond:
                     idle = not self._queue
                 if idle:  # nothing to plan while it runs: its answers go now
@@ -852,11 +872,17 @@ class Scheduler:
 
     def _requeue_forwards(self, forwards: list[Forward]) -> None:
         """The requests with rows in ``forwards`` (not run) back in the queue, and the riders
-        with rows left (``_partial``); after every forward they were in has completed."""
+        with rows left (``_partial``); those with a row in the forward in flight once it has
+        completed (``_held``)."""
+        owners = [row.owner for forward in forwards for row in forward.rows] + self._partial
+        self._partial = []
+        flying = self.runner.in_flight
+        if flying is not None:
+            running = {id(row.owner) for row in flying.rows}
+            self._held += [owner for owner in owners if id(owner) in running]
+            owners = [owner for owner in owners if id(owner) not in running]
         with self._cond:
-            owners = [row.owner for forward in forwards for row in forward.rows]
-            self._queue_again([*owners, *self._partial])
-            self._partial = []
+            self._queue_again(owners)
             self.metrics.queue_depth(len(self._queue))
             self._cond.notify()
 

@@ -5,6 +5,7 @@ class, and the share that keeps a lower class from starving. Every request is an
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -218,6 +219,41 @@ def test_a_budget_counts_the_batch_the_engine_runs_and_riders_fill_to_a_captured
     while scheduler.queued_rows:
         scheduler.step()
     assert_answer_matches(answers.by_request[1], bulk)
+
+
+def test_with_overlap_a_higher_class_is_planned_while_the_lower_forward_runs():
+    """An interactive request arriving while a bulk forward runs ends the bulk step at once,
+    not when that forward has run: the step returns with it still in flight (the bulk request,
+    a row of it running, held until it completes), the interactive forward runs next, and every
+    row runs once."""
+    classes = ServiceClasses(wait_s=0.02, recent_s=10.0)
+    answers = Answers()
+    arrived = threading.Event()
+
+    def first_bulk_forward_brings_a_query(ids, mask):
+        if len(engine.calls) == 2 and not arrived.is_set():
+            arrived.set()
+            scheduler.submit(Request(rows_of(5, 1, start=7), answers.responder(2)))
+            time.sleep(0.3)  # long enough that the step ends first
+        else:
+            time.sleep(ids.size * 1e-4)
+
+    engine = FakeChecksumEngine(layout(), fail=first_bulk_forward_brings_a_query)
+    scheduler = scheduler_for(engine, overhead=64.0, classes=classes, overlap=True)
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()  # measures the engine; the interactive class is now recent
+    bulk = rows_of(60, 8, start=50)
+    scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+    scheduler.step(finish_last=False)
+    assert arrived.is_set() and len(engine.calls) == 2
+    assert scheduler.runner.in_flight is not None, "the step waited for the bulk forward"
+    assert scheduler.queued_rows == 1, "the bulk request is held while a row of it runs"
+    scheduler.step()
+    assert engine.calls[2] == (1, 16), "the interactive request ran next"
+    while scheduler.queued_rows:
+        scheduler.step()
+    for k, rows in enumerate((rows_of(60, 1), bulk, rows_of(5, 1, start=7))):
+        assert_answer_matches(answers.by_request[k], rows)
 
 
 def test_a_cap_longer_than_any_forward_leaves_the_step_whole():
