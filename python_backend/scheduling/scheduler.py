@@ -140,8 +140,9 @@ class Scheduler:
         # the next class's requests the step took to ride: answered by the step if it fails
         self._riders: list[Admitted] = []
         self._partial: list[Admitted] = []  # riders with rows left: queued again after the step
-        # the step's riders with rows left while its last forward is in flight: queued again
-        # when it completes (no row is ever both in flight and queued)
+        # requests with a row in the forward in flight that the step did not finish (riders with
+        # rows left, a step cut short): queued again when it completes (no row is ever both in
+        # flight and queued)
         self._held: list[Admitted] = []
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
@@ -163,10 +164,11 @@ class Scheduler:
         self._outbox_lock = threading.Lock()
         self._responder: threading.Thread | None = None
         # overlap: forwards run on an engine thread, one ahead of the scheduler thread's own
-        # work on them; the one in flight is settled before anything is queued again and before
-        # a step ends, so no row is ever both in flight and queued. Ids are checked against
-        # ``vocab_size`` again before each forward (a queue owner's fronts decoded them; an id
-        # past the vocabulary fails its row alone, through the split below, never the forward)
+        # work on them; a request with a row in the one in flight is queued again only once it
+        # has completed (``_held``), so no row is ever both in flight and queued. Ids are
+        # checked against ``vocab_size`` again before each forward (a queue owner's fronts
+        # decoded them; an id past the vocabulary fails its row alone, through the split below,
+        # never the forward)
         # forwards are timed with ``timer`` (the simulator's: its virtual clock)
         self.runner = runner_for(engine, vocab_size, overlap, timer, self._ran_one)
 
