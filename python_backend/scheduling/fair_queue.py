@@ -121,7 +121,7 @@ class FairQueue(Generic[T]):
             line.items.extendleft(reversed(items))
             added = sum(rows for _, rows in items)
             line.rows += added
-            line.deficit += added  # taken and not run: its turn did not spend them
+            line.deficit += added  # taken and not run: refunded
             self.rows += added
             for item, _ in items:
                 self._count(item, 1)
@@ -157,8 +157,8 @@ class FairQueue(Generic[T]):
 
     def take_rows(self, limit: int, at_least_one: bool = False) -> list[T]:
         """Whole requests of at most ``limit`` rows in all (with ``at_least_one``, the first
-        request however large), the clients' oldest first, in turn; deficits are left as they
-        were."""
+        request however large), the clients' oldest first, in turn; each charged to its
+        client's deficit, as ``take`` charges it (``push_front`` refunds it)."""
         taken: list[T] = []
         progress = True
         while limit > 0 and progress:
@@ -168,6 +168,7 @@ class FairQueue(Generic[T]):
                 first = at_least_one and not taken
                 if line.items and (line.items[0][1] <= limit or first):
                     item, rows = line.items.popleft()
+                    line.deficit -= rows
                     line.rows -= rows
                     self.rows -= rows
                     self._count(item, -1)
@@ -181,7 +182,8 @@ class FairQueue(Generic[T]):
     def take_counted(self, limit: int, counted: Callable[[T], int]) -> list[T]:
         """The requests of which ``counted`` counts rows (those a step can use), each client's
         oldest first, one a client in turn, until they count ``limit``; the others keep their
-        places. Looks at ``SCAN_ITEMS`` requests at most; deficits are left as they were."""
+        places. Looks at ``SCAN_ITEMS`` requests at most; each charged to its client's deficit,
+        as ``take_rows`` charges it."""
         taken: list[T] = []
         looked = 0
         next_at = dict.fromkeys(self._turn, 0)  # each line's next request to look at
@@ -195,6 +197,7 @@ class FairQueue(Generic[T]):
                     item, rows = items[k]
                     if useful := counted(item):
                         del items[k]
+                        self._lines[client].deficit -= rows
                         self._lines[client].rows -= rows
                         self.rows -= rows
                         self._count(item, -1)

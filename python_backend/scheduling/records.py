@@ -75,9 +75,12 @@ class Admitted:
             return range(len(self.request.rows))
         return [i for i, done in enumerate(self.computed) if not done]
 
-    def rows_marked(self, marked: np.ndarray) -> int:
-        """Rows not computed yet whose token count ``marked`` marks (one longer than it: none)."""
+    def rows_marked(self, marked: np.ndarray, longest: int) -> int:
+        """Rows not computed yet whose token count ``marked`` marks (one longer than it: none);
+        none where a row is longer than ``longest`` (it is refused)."""
         lengths = self._lengths_to_run()
+        if lengths.size and lengths.max() > longest:
+            return 0
         return int(np.count_nonzero(marked[np.minimum(lengths, len(marked) - 1)]))
 
     def rows_by_length(self, lengths: np.ndarray) -> np.ndarray:
@@ -123,6 +126,6 @@ class Forward:
     """One planned forward: plain data."""
 
     padded_length: int  # T: every row runs padded to this length (>= each row's tokens)
-    rows: tuple[RowRef, ...]  # at most the layout's cap at T, in arrival order
+    rows: tuple[RowRef, ...]  # at most the layout's cap at T, in arrival order (then riders)
     oldest_arrival: int  # arrival order of the oldest request served: forwards run oldest first
     oldest_arrived_at: float  # when that request arrived: the forward's age is now - this

@@ -21,7 +21,8 @@ A step:
    scattered, each request whose last row is done answered);
 5. answers leave through a responder thread when one runs, so the next forward never waits on a
    send. Requests that arrive meanwhile wait for the next step: a request waits at most for the
-   step in flight and then its own, and nothing starves behind newcomers.
+   step in flight and then its own (a request of a higher class, for the forward in flight), and
+   nothing starves behind newcomers.
 
 When a forward fails (out of memory, an engine limit, a poisoned row) it is split, not halved: its
 rows are planned again, by the same planning call, under a token budget below the one that failed,
@@ -98,6 +99,11 @@ def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
     return later
 
 
+def most_rows(layout: PlanLayout, padded_length: int) -> int:
+    """The rows a forward at ``padded_length`` may hold: the engine's and the server's cap."""
+    return min(layout.max_batch, layout.max_rows(padded_length))
+
+
 class Scheduler:
     def __init__(
         self,
@@ -139,11 +145,12 @@ class Scheduler:
         self._step_cap: BudgetLayout | None = None  # its capped layout, if capped
         # the next class's requests the step took to ride: answered by the step if it fails
         self._riders: list[Admitted] = []
-        self._partial: list[Admitted] = []  # riders with rows left: queued again after the step
+        self._partial: list[Admitted] = []  # riders with rows left, queued again after the step
         # requests with a row in the forward in flight that the step did not finish (riders with
         # rows left, a step cut short): queued again when it completes (no row is ever both in
         # flight and queued)
         self._held: list[Admitted] = []
+        self._unsettled: Ran | None = None  # a forward that has run, taken from the runner
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
@@ -292,9 +299,7 @@ class Scheduler:
             if finish_last:
                 self.settle()
             if self._partial:  # queued again once no row of theirs is in flight
-                self._held, self._partial = self._partial, []
-                if self.runner.in_flight is None:
-                    self._requeue_held()
+                self._requeue_forwards([])
             return forwards
         except Exception as err:  # never lose a request, never kill the thread
             self._settle_after_error(err)
@@ -311,10 +316,9 @@ class Scheduler:
     def plan(self, live: list[Admitted], now: float) -> list[Forward]:
         """The policy's forwards for these requests, oldest first (with clients sharing the
         step, those of its lightest clients first); rows it leaves waiting are queued again,
-        ahead of anything that arrived meanwhile. Serving the highest class waiting, the next
-        class's requests (as many rows as the forwards have room for) ride in them where each
-        row costs less there than alone, a request whole or not at all; the others are queued
-        again."""
+        ahead of anything that arrived meanwhile. Serving the highest class waiting, rows of the
+        next class's requests ride in them where that saves cost (``_take_riders``, ``_ride``),
+        a request whole or in part; what does not ride is queued again."""
         rows = [
             RowRef(owner, i, len(owner.request.rows[i]))
             for owner in live
@@ -389,9 +393,9 @@ class Scheduler:
         """The next class's requests with rows that would ride in ``forwards``. From the rows
         that class has queued at each length (``FairQueue.measured``), each forward's length to
         run at, its own or longer, and the rows it would take there (``_fill``); then requests
-        with rows of those lengths until they hold that many (passing over requests with none:
-        a line's head that cannot ride never blocks those behind it). None unless the step
-        serves the highest class waiting."""
+        with rows of those lengths until they hold that many in all (passing over requests with
+        none: a line's head that cannot ride never blocks those behind it). None unless the
+        step serves the highest class waiting."""
         self._ride_at = [f.padded_length for f in forwards]
         if not (self._step_is_top and self.policy.riders):
             return []
@@ -400,28 +404,32 @@ class Scheduler:
             if line is None or line.measured is None:
                 return []
             queued = dict(zip(self.layout.lengths, map(int, line.measured), strict=False))
-            # a rider's share of the forward it would run in otherwise: one of its length, as
-            # full as the class's rows make it (a flood's rows run in full forwards)
-            self._shares = {}
-            for t in queued:
-                sharing = max(1, min(self.layout.max_rows(t), line.rows))
-                self._shares[t] = self.cost.cost(sharing, t) / sharing
-            wanted: Counter[int] = Counter()
-            for k, f in enumerate(forwards):
-                fills = [self._fill(f, t, queued, layout) for t in self._raises(f, layout)]
-                _, self._ride_at[k], counts = max(fills, key=lambda fill: (fill[0], -fill[1]))
-                for t, n in counts.items():
-                    queued[t] -= n
-                wanted += counts
-            if not wanted:
-                return []
-            marked = np.zeros(max(wanted) + 2, dtype=bool)  # the token counts of those lengths
-            for below, t in itertools.pairwise((0, *self.layout.lengths)):
-                marked[below + 1 : t + 1] = t in wanted
+            class_rows = line.rows
+        # a rider's share of the forward it would run in otherwise: one of its length, as full
+        # as its class's rows make it (a flood's rows run in full forwards)
+        self._shares = {}
+        for t in queued:
+            sharing = max(1, min(most_rows(self.layout, t), class_rows))
+            self._shares[t] = self.cost.cost(sharing, t) / sharing
+        wanted: Counter[int] = Counter()
+        for k, f in enumerate(forwards):
+            _, self._ride_at[k], counts = self._best_fill(
+                f, queued, layout, self._raises(f, layout)
+            )
+            for t, n in counts.items():
+                queued[t] -= n
+            wanted += counts
+        if not wanted:
+            return []
+        marked = np.zeros(max(wanted) + 2, dtype=bool)  # the token counts of those lengths
+        for below, t in itertools.pairwise((0, *self.layout.lengths)):
+            marked[below + 1 : t + 1] = t in wanted
+        longest = self.layout.longest_row
 
-            def useful(owner: Admitted) -> int:
-                return owner.rows_marked(marked)
+        def useful(owner: Admitted) -> int:
+            return owner.rows_marked(marked, longest)
 
+        with self._cond:
             _, riders = self._queue.take_rows(self._step_priority, wanted.total(), useful)
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
@@ -441,8 +449,16 @@ class Scheduler:
         return [length] + [
             t
             for t in self.layout.lengths
-            if t > length and layout.max_rows(t) > held and self._runs_cost(held + 1, t) <= most
+            if t > length and most_rows(layout, t) > held and self._runs_cost(held + 1, t) <= most
         ]
+
+    def _best_fill(
+        self, forward: Forward, rows: Mapping[int, int], layout: PlanLayout, lengths: list[int]
+    ) -> tuple[float, int, Counter[int]]:
+        """Of ``_fill`` at each of ``lengths``, the one saving most; none where none saves."""
+        none: tuple[float, int, Counter[int]] = (0.0, forward.padded_length, Counter())
+        fills = [none] + [self._fill(forward, t, rows, layout) for t in lengths]
+        return max(fills, key=lambda fill: fill[0])
 
     def _fill(
         self, forward: Forward, length: int, rows: Mapping[int, int], layout: PlanLayout
@@ -450,44 +466,51 @@ class Scheduler:
         """The riders ``forward`` takes run at ``length``, of ``rows`` (how many at each bucket
         length): those of the longest lengths first, each where its tokens there cost less than
         its share of a forward of its own (``_shares``), while the forward, as it runs
-        (``_runs_cost``), stays within ``RIDER_COST_FACTOR`` times its cost and the layout's
-        rows. Returns what they save (their shares less what the forward costs more),
-        ``length``, and how many of each length it takes."""
+        (``_runs_cost``), stays within ``RIDER_COST_FACTOR`` times its cost and the rows the
+        layout takes; as many as save most (their shares, less what the forward costs more:
+        a captured batch size passed may cost more than the rows past it save). Returns that
+        saving, ``length``, and how many of each length it takes."""
         held, cost = len(forward.rows), self.cost.cost
         before = self._runs_cost(held, forward.padded_length)
-        most = RIDER_COST_FACTOR * before
-        taken: Counter[int] = Counter()
-        work, n = 0.0, held
-        for alone in sorted((t for t in rows if t <= length), reverse=True):
+        most, room = RIDER_COST_FACTOR * before, most_rows(layout, length)
+        order: list[int] = []  # the lengths of the rows taken, in turn
+        work = best = 0.0
+        best_rows, n = 0, held
+        for alone in sorted((t for t in rows if t <= length and t in self._shares), reverse=True):
             share = self._shares[alone]
-            while (
-                taken[alone] < rows[alone]
-                and n < layout.max_rows(length)
-                and self._runs_cost(n + 1, length) <= most
-                and cost(n + 1, length) - cost(n, length) < share
-            ):
-                taken[alone] += 1
-                n += 1
-            work += taken[alone] * share
-        return work - (self._runs_cost(n, length) - before), length, +taken
+            for _ in range(rows[alone]):
+                if (
+                    n >= room
+                    or self._runs_cost(n + 1, length) > most
+                    or cost(n + 1, length) - cost(n, length) >= share
+                ):
+                    break
+                n, work = n + 1, work + share
+                order.append(alone)
+                saving = work - (self._runs_cost(n, length) - before)
+                if saving > best:
+                    best, best_rows = saving, len(order)
+        return best, length, Counter(order[:best_rows])
 
     def _ride(
         self, forwards: list[Forward], riders: list[Admitted], layout: PlanLayout
     ) -> list[Forward]:
-        """``forwards`` with the riders' rows added, each forward run at the length
-        ``_take_riders`` chose and taking what ``_fill`` takes of the riders' rows there, oldest
-        first. A rider with none placed is queued again now, one with some placed after the step
-        (``_partial``: no row is ever both in flight and queued)."""
+        """``forwards`` with the riders' rows added: each forward takes what ``_fill`` takes of
+        the riders' rows, at its own length or the one ``_take_riders`` chose, whichever saves
+        more of the rows there are. A rider with none placed is queued again now, one with some
+        placed once no row of it is in flight (``_partial``)."""
         pool: dict[int, list[RowRef]] = {}  # the riders' rows by the bucket they run at alone
         for owner in riders:
-            rows = [RowRef(owner, i, len(owner.request.rows[i])) for i in owner.rows_to_run()]
-            if rows and max(r.num_tokens for r in rows) <= self.layout.lengths[-1]:
-                for row in rows:  # (a longer row runs in its own class's step, its request whole)
-                    pool.setdefault(self.layout.pad_len(row.num_tokens), []).append(row)
+            for i in owner.rows_to_run():
+                row = RowRef(owner, i, len(owner.request.rows[i]))
+                alone = self.layout.pad_len(row.num_tokens)
+                if alone in self._shares:  # (a longer row runs in its own class's step)
+                    pool.setdefault(alone, []).append(row)
         ridden: list[Forward] = []
         for f, length in zip(forwards, self._ride_at, strict=True):
             available = {t: len(rows) for t, rows in pool.items()}
-            _, _, counts = self._fill(f, length, available, layout)
+            lengths = sorted({f.padded_length, length})
+            _, length, counts = self._best_fill(f, available, layout, lengths)
             if not counts:
                 ridden.append(f)
                 continue
@@ -530,7 +553,7 @@ class Scheduler:
         inputs = self._inputs(forward)
         if yields and self._outranked_while_running():
             return False
-        before = self.runner.wait()
+        before = self._unsettled = self.runner.wait()
         if before is not None and before.settled_first:
             self._settle_flown(before)  # its parts first, one at a time, before anything else
             before = None
@@ -599,9 +622,11 @@ class Scheduler:
         self.complete(forward, ran.outputs, ran.finite)
 
     def _settle_flown(self, ran: Ran) -> None:
-        """Completes the forward that was in flight; then the riders held for it are queued
+        """Completes the forward that was in flight; then the requests held for it are queued
         again (``_held``)."""
+        self._unsettled = ran  # until it is: an error meanwhile still completes it
         self._settle(ran)
+        self._unsettled = None
         self._requeue_held()
 
     def _requeue_held(self) -> None:
@@ -612,18 +637,20 @@ class Scheduler:
                 self._cond.notify()
 
     def _settle_after_error(self, err: Exception) -> None:
-        """After an internal error: the forward in flight (this step's or the one before's)
-        still completes; if that fails too, its requests are answered by the error."""
-        ran = self.runner.wait()
-        if ran is None:
-            return
-        try:
-            self._settle(ran)
-        except Exception:
-            for row in ran.forward.rows:
-                self._finish(
-                    row.owner, ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}")
-                )
+        """After an internal error: the forward that had run and was being completed, and the
+        one in flight (this step's or the one before's), still complete; where that fails too,
+        their requests are answered by the error. Then the requests held for them go back."""
+        pending = [ran for ran in (self._unsettled, self.runner.wait()) if ran is not None]
+        self._unsettled = None
+        for ran in pending:
+            try:
+                self._settle(ran)
+            except Exception:
+                for row in ran.forward.rows:
+                    self._finish(
+                        row.owner,
+                        ServeError(Reason.INTERNAL, f"internal scheduler error: {err!r}"),
+                    )
         self._requeue_held()  # those answered by the error stay out
 
     def complete(
@@ -743,7 +770,7 @@ class Scheduler:
                 with self._cond:
                     idle = not self._queue
                 if idle:  # nothing to plan while it runs: its answers go now
-                    self.settle()
+                    self._settle_safely()
             with self._cond:
                 if not self._queue and not self._stop:
                     # idle: wake now and then, so metrics recorded meanwhile (refusals in
@@ -756,7 +783,7 @@ class Scheduler:
             if has_work:
                 self.step(finish_last=False)
                 continue
-            self.settle()  # before stopping, or sleeping until a waiting policy is due
+            self._settle_safely()  # before stopping, or sleeping until a waiting policy is due
             # outside the lock, so submit never waits on it; when due only, so a request
             # arriving right after a forward does not wait on a flush either
             if stopping and not self._queue:
@@ -766,6 +793,14 @@ class Scheduler:
             if self._queue and not stopping:  # a waiting policy's rows: sleep until due
                 with self._cond:
                     self._cond.wait(timeout=self._idle_wait_s())
+
+    def _settle_safely(self) -> None:
+        """``settle`` for the loop: an internal error answers what it concerns, as in a step,
+        and never ends the thread."""
+        try:
+            self.settle()
+        except Exception as err:
+            self._settle_after_error(err)
 
     def _idle_wait_s(self) -> float:
         if self._wake_at is None:

@@ -134,3 +134,26 @@ def test_the_measure_of_what_is_queued_follows_every_way_in_and_out():
                 held.update(clients)
         expected = sum((measure[name] for name in held), np.zeros(3, dtype=np.int64))
         assert q.measured is None or q.measured.tolist() == expected.tolist(), op
+
+
+def test_requests_taken_by_rows_are_charged_and_returned_ones_refunded():
+    """A request taken by ``take_rows`` or ``take_counted`` (a capped step, riders) is charged
+    to its client's deficit as ``take`` charges it, and one given back is refunded: taking and
+    returning leaves the next round as it was, and a client served that way waits its turn."""
+
+    def filled() -> FairQueue[str]:
+        q = queue(max_rows=4096)
+        for i in range(4):
+            q.push("a", f"a{i}", 40)
+            q.push("b", f"b{i}", 40)
+        return q
+
+    untouched, returned = filled(), filled()
+    for take in (lambda q: q.take_rows(40), lambda q: q.take_counted(40, lambda _: 40)):
+        taken = take(returned)
+        returned.push_front(("a" if name[0] == "a" else "b", name, 40) for name in taken)
+    assert returned.take() == untouched.take()
+
+    served = filled()
+    assert served.take_counted(80, lambda name: 40 if name[0] == "a" else 0) == ["a0", "a1"]
+    assert served.take() == ["b0"], "a's two rows ridden: its deficit is spent"

@@ -256,6 +256,30 @@ def test_with_overlap_a_higher_class_is_planned_while_the_lower_forward_runs():
         assert_answer_matches(answers.by_request[k], rows)
 
 
+def test_riders_keep_to_the_servers_batch_cap_and_never_cost_more_than_they_save():
+    """An interactive forward takes riders up to the server's ``max_batch`` (below the engine's
+    64 rows here); and none where the one rider there is would make the engine run a larger
+    captured batch (1 row runs as 1, 2 as 8) than its share of a forward of its own saves."""
+    engine = FakeChecksumEngine(layout(max_rows=64))
+    scheduler = scheduler_for(engine, overhead=1024.0)  # max_batch 8
+    answers = Answers()
+    scheduler.submit(Request(rows_of(60, 20, start=100), answers.responder(1), priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    scheduler.step()
+    assert engine.calls == [(8, 64)]
+
+    captured = BucketLayout(tuple(Bucket(t, 8, 8, (1, 8)) for t in (16, 32, 64)), 64, 8, None)
+    engine = FakeChecksumEngine(captured)
+    scheduler = scheduler_for(engine, overhead=100.0)
+    scheduler.submit(Request(rows_of(60, 1, start=100), answers.responder(3), priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(2)))
+    scheduler.step()  # 164 units alone; with the rider 612 (as 8 rows), for a share of 164
+    assert engine.calls == [(1, 64)]
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert engine.calls == [(1, 64), (1, 64)]
+
+
 def test_a_cap_longer_than_any_forward_leaves_the_step_whole():
     """While a higher class is about, a lower class's step takes rows for about one capped
     forward per length; where ``wait_s`` buys more than the longest forward, nothing is capped
