@@ -75,12 +75,14 @@ SIM_BULK = Load(clients=16, rows=64, client="bulk")
 SIM_ROUND_TRIP_US = 1000.0
 SIM_SEEDS = (0, 1, 2)
 # (label, simulator policy, the bulk's class, class_wait_ms or None for --class-wait-ms): in
-# class 2, the project's classes for the planner (and with the cap a GPU deployment would set);
-# for Triton's priority levels, strict priority (no cap, no share)
+# class 2, the project's classes for the planner (and with the cap a GPU deployment would set:
+# about the longest forward, GPU_WAIT_MS); for Triton's priority levels, strict priority (no
+# cap, no share)
 STRICT = ServiceClasses(wait_s=1e9, min_share=0.0)
-SIM_POLICIES = [
+GPU_WAIT_MS = {"a100": 2.0, "a30": 4.0}
+SIM_POLICIES: list[tuple[str, str, int, dict[str, float] | None]] = [
     ("planner, classes", "dp", 2, None),
-    ("planner, classes, wait 1 ms", "dp", 2, 1.0),
+    ("planner, classes, GPU wait", "dp", 2, GPU_WAIT_MS),
     ("planner, one class", "dp", 1, None),
     ("Triton priority levels", "dynamic_batcher", 2, None),
     ("FIFO token budget (TEI)", "token_budget", 1, None),
@@ -299,8 +301,9 @@ def simulated(wait_ms: float) -> str:
     for gpu in ("a100", "a30"):
         table = gpu_table(gpu)
         full_ms = 1e3 * table.seconds(table.layout.max_batch, table.layout.lengths[-1])
-        for label, policy, bulk_class, wait in SIM_POLICIES:
-            wait = wait_ms if wait is None else wait
+        for label, policy, bulk_class, waits in SIM_POLICIES:
+            wait = wait_ms if waits is None else waits[gpu]
+            label = label.replace("GPU wait", f"wait {wait:g} ms")
             classes = ServiceClasses(wait_s=wait / 1e3) if policy == "dp" else STRICT
             bulk = Load(SIM_BULK.clients, SIM_BULK.rows, bulk_class, SIM_BULK.client)
             rounds = []

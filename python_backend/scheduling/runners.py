@@ -101,13 +101,7 @@ class InlineRunner:
     in_flight = None
     ran = True
 
-    def __init__(
-        self,
-        engine: Engine,
-        vocab_size: int | None,
-        timer: Callable[[], float],
-        on_ran: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, engine: Engine, vocab_size: int | None, timer: Callable[[], float]) -> None:
         self.engine, self.vocab_size, self.timer = engine, vocab_size, timer
 
     def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran | None:
@@ -190,4 +184,6 @@ def runner_for(
 ) -> Runner:
     """The runner, timing forwards with ``timer`` (the simulator's: its virtual clock);
     ``on_ran``: called as a forward in flight has run (``OverlappedRunner``)."""
-    return (OverlappedRunner if overlap else InlineRunner)(engine, vocab_size, timer, on_ran)
+    if overlap:
+        return OverlappedRunner(engine, vocab_size, timer, on_ran)
+    return InlineRunner(engine, vocab_size, timer)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from python_backend.common.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
-from python_backend.common.cost_models import CostModel
+from python_backend.common.cost_models import CostModel, cost_row
 from python_backend.engines.base import BucketLayout, Engine, pad_rows
 from python_backend.scheduling.fair_queue import ClassedQueue
 from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
@@ -151,6 +151,7 @@ class Scheduler:
         # flight and queued)
         self._held: list[Admitted] = []
         self._unsettled: Ran | None = None  # a forward that has run, taken from the runner
+        self._cost_rows: dict[int, tuple[list[float], list[float]]] = {}  # _costs_at
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
@@ -435,10 +436,23 @@ class Scheduler:
         self._riders = riders
         return self.admit(riders)
 
+    def _costs_at(self, length: int) -> tuple[list[float], list[float]]:
+        """A forward's cost at ``length`` by its rows, 0 to the most the engine takes there;
+        and as the engine runs it: at the next captured batch size, where it captured any (CUDA
+        graphs). Made once a length."""
+        costs = self._cost_rows.get(length)
+        if costs is None:
+            top = self.layout.max_rows(length)
+            row = cost_row(self.cost, length, top).tolist()
+            runs = [
+                row[self.layout.run_batch_size(length, n)] if n else 0.0 for n in range(top + 1)
+            ]
+            costs = self._cost_rows[length] = (row, runs)
+        return costs
+
     def _runs_cost(self, rows: int, length: int) -> float:
-        """What a forward of ``rows`` rows at ``length`` costs as the engine runs it: at its
-        next captured batch size, where it captured any (CUDA graphs)."""
-        return self.cost.cost(self.layout.run_batch_size(length, rows), length)
+        """What a forward of ``rows`` rows at ``length`` costs as the engine runs it."""
+        return self._costs_at(length)[1][rows]
 
     def _raises(self, forward: Forward, layout: PlanLayout) -> list[int]:
         """The lengths ``forward`` may run at to take riders: its own, and each longer bucket
@@ -470,24 +484,21 @@ class Scheduler:
         layout takes; as many as save most (their shares, less what the forward costs more:
         a captured batch size passed may cost more than the rows past it save). Returns that
         saving, ``length``, and how many of each length it takes."""
-        held, cost = len(forward.rows), self.cost.cost
+        held = len(forward.rows)
         before = self._runs_cost(held, forward.padded_length)
         most, room = RIDER_COST_FACTOR * before, most_rows(layout, length)
+        cost, runs = self._costs_at(length)
         order: list[int] = []  # the lengths of the rows taken, in turn
         work = best = 0.0
         best_rows, n = 0, held
         for alone in sorted((t for t in rows if t <= length and t in self._shares), reverse=True):
             share = self._shares[alone]
             for _ in range(rows[alone]):
-                if (
-                    n >= room
-                    or self._runs_cost(n + 1, length) > most
-                    or cost(n + 1, length) - cost(n, length) >= share
-                ):
+                if n >= room or runs[n + 1] > most or cost[n + 1] - cost[n] >= share:
                     break
                 n, work = n + 1, work + share
                 order.append(alone)
-                saving = work - (self._runs_cost(n, length) - before)
+                saving = work - (runs[n] - before)
                 if saving > best:
                     best, best_rows = saving, len(order)
         return best, length, Counter(order[:best_rows])
