@@ -373,8 +373,8 @@ def main() -> int:
             f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
             f"{bound:.1f}; bulk beside the interactive clients "
             f"{classes.heavy() / by['bulk alone'].heavy():.2f} of alone with classes "
-            f"({classes.heavy() / peer.heavy():.1f}x the peer's), the interactive clients "
-            f"alone holding the engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
+            f"({classes.heavy() / peer.heavy():.1f}x the peer's); interactive alone: engine "
+            f"{np.mean(by['interactive alone'].engine_busy):.0%}; "
             f"{sum(p.refused for p in points)} refused"
         )
     text = render(
