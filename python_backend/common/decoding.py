@@ -455,5 +455,11 @@ def decode_request(
                 "parameter prompt_name applies to TEXT input; INPUT_IDS are taken as already "
                 "prompted",
             )
+        if options.instruction is not None:
+            raise ServeError(
+                Reason.BAD_PARAMETER,
+                "parameter instruction applies to TEXT input; INPUT_IDS are taken as already "
+                "templated",
+            )
         rows = decode_ids(ids, mask, limits, options)
     return DecodedRequest(rows=rows, options=options)

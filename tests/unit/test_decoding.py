@@ -155,6 +155,9 @@ def test_prompt_names_are_checked(tokenizer):
     with pytest.raises(ServeError, match="already prompted"):
         options = RequestOptions(truncate=True, timeout_ms=0, prompt_name="query")
         decode_request({"INPUT_IDS": ids([[101, 102]])}, options, tokenizer, LIMITS, PROMPTS)
+    with pytest.raises(ServeError, match="instruction applies to TEXT input; INPUT_IDS are taken"):
+        options = RequestOptions(truncate=True, timeout_ms=0, instruction="Judge.")
+        decode_request({"INPUT_IDS": ids([[101, 102]])}, options, tokenizer, LIMITS)
     with pytest.raises(ServeError, match="prompt_name must be a string"):
         parse_options({"prompt_name": 3}, True, 0)
     assert parse_options({"prompt_name": "query"}, True, 0).prompt_name == "query"
