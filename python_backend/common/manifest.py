@@ -304,7 +304,7 @@ def manifest_from_dict(data: Any) -> Manifest:
                 "numbers"
             )
         ranges = (tuple(float(x) for x in ranges[0]), tuple(float(x) for x in ranges[1]))
-    template = _rerank_template(data, family)
+    template = _rerank_template(data, family, _positive(data, "vocab_size"))
     manifest = Manifest(
         model_name=_require(data, "model_name", str),
         family=family,
@@ -367,8 +367,9 @@ def _optional_file(data: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _rerank_template(data: dict[str, Any], family: str) -> RerankTemplate | None:
-    """A decoder reranker's template: required for that family, refused for any other."""
+def _rerank_template(data: dict[str, Any], family: str, vocab_size: int) -> RerankTemplate | None:
+    """A decoder reranker's template: required for that family, refused for any other; its token
+    ids in the vocabulary (an id past it would fail every forward, not the build)."""
     raw = data.get("rerank_template")
     if (raw is not None) != (family == "decoder_reranker"):
         raise ManifestError("manifest field 'rerank_template' is for decoder rerankers, and theirs")
@@ -376,20 +377,32 @@ def _rerank_template(data: dict[str, Any], family: str) -> RerankTemplate | None
         return None
     if not isinstance(raw, dict):
         raise ManifestError("manifest field 'rerank_template' must be an object")
+
+    def token_ids(key: str) -> tuple[int, ...]:
+        value, one = raw.get(key), key.endswith("_id")
+        ids = [value] if one else value
+        if not isinstance(ids, list) or not all(
+            type(t) is int and 0 <= t < vocab_size for t in ids
+        ):
+            what = "a token id" if one else "a list of token ids"
+            raise ManifestError(
+                f"manifest field 'rerank_template.{key}' must be {what} in [0, {vocab_size}), "
+                f"got {str(value)[:64]}"
+            )
+        return tuple(ids)
+
     try:
-        ids = {
-            k: tuple(int(t) for t in _require(raw, k, list, "rerank_template."))
-            for k in ("prefix_ids", "suffix_ids")
-        }
         return RerankTemplate(
-            prefix_ids=ids["prefix_ids"],
+            prefix_ids=token_ids("prefix_ids"),
             body=_require(raw, "body", str, "rerank_template."),
-            suffix_ids=ids["suffix_ids"],
+            suffix_ids=token_ids("suffix_ids"),
             instruction=_require(raw, "instruction", str, "rerank_template."),
-            yes_id=_require(raw, "yes_id", int, "rerank_template."),
-            no_id=_require(raw, "no_id", int, "rerank_template."),
+            yes_id=token_ids("yes_id")[0],
+            no_id=token_ids("no_id")[0],
         )
-    except (TypeError, ValueError) as err:
+    except ManifestError:
+        raise
+    except ValueError as err:
         raise ManifestError(f"manifest field 'rerank_template' is invalid: {err}") from None
 
 

@@ -37,6 +37,11 @@ def manifest(**changes) -> Manifest:
     return Manifest(**fields)
 
 
+def test_a_decoder_rerankers_template_is_read():
+    template = manifest_from_dict(reranker()).rerank_template
+    assert template is not None and (template.prefix_ids, template.yes_id) == ((1,), 5)
+
+
 def test_manifest_round_trips_through_json(tmp_path):
     original = manifest()
     original.write(tmp_path)
@@ -56,10 +61,27 @@ def bad(**edits):
     return data
 
 
+TEMPLATE = {"prefix_ids": [1], "body": "{query} {document}", "suffix_ids": [3], "yes_id": 5}
+
+
+def reranker(**edits):
+    """A decoder reranker's manifest with its template edited."""
+    template = {**TEMPLATE, "instruction": "Judge.", "no_id": 6, **edits}
+    return bad(
+        family="decoder_reranker", output_name="SCORE", output_dim=1, rerank_template=template
+    )
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         (bad(family=None), "manifest field 'family' is missing"),
+        (reranker(yes_id=100), "'rerank_template.yes_id' must be a token id in [0, 100), got 100"),
+        (reranker(no_id=True), "'rerank_template.no_id' must be a token id"),
+        (reranker(prefix_ids=[1, -2]), "'rerank_template.prefix_ids' must be a list of token ids"),
+        (reranker(suffix_ids=3), "'rerank_template.suffix_ids' must be a list of token ids"),
+        (reranker(body="{query}"), "'rerank_template' is invalid: the rerank template's body"),
+        (bad(rerank_template=TEMPLATE), "'rerank_template' is for decoder rerankers"),
         (bad(family="seq2seq"), "manifest field 'family' must be one of"),
         (bad(output_name="LOGITS"), "'output_name' must be EMBEDDING for embedding"),
         (bad(buckets=[]), "'buckets' must not be empty"),
