@@ -396,9 +396,10 @@ def test_the_scheme_is_case_insensitive_and_the_key_exact(stack, protocol):
 
 
 def test_health_routes_stay_open_without_the_key(stack):
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/minilm/ready"):
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/minilm/ready", "/health"):
         with urllib.request.urlopen(f"http://127.0.0.1:{stack.http_port}{path}", timeout=5) as r:
             assert r.status == 200
+            assert path != "/health" or r.read() == b"", "TEI's health check: no body"
     c = grpcclient.InferenceServerClient(stack.grpc_url)
     assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("minilm")
 
