@@ -32,7 +32,6 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
-import functools
 import itertools
 import queue
 import threading
@@ -586,8 +585,9 @@ class Scheduler:
         """Waits until the forward in flight has run or a class above the step's has rows
         queued, whichever comes first: True for the second (the forward still runs)."""
         with self._cond:
-            higher = functools.partial(self._queue.higher_than, self._step_priority)
-            self._cond.wait_for(lambda: self.runner.ran or higher())
+            self._cond.wait_for(
+                lambda: self.runner.ran or self._queue.higher_than(self._step_priority)
+            )
             return not self.runner.ran
 
     def _ran_one(self) -> None:
