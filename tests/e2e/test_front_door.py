@@ -404,6 +404,29 @@ def test_health_routes_stay_open_without_the_key(stack):
     assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("minilm")
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        b"DELETE /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /health/../v2/repository/index HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ],
+)
+def test_teis_health_route_takes_gets_only_and_reaches_nothing_else(stack, still_serving, raw):
+    answer = exchange(stack.http_port, raw)
+    assert status_of(answer) in (400, 403, 404), answer[:200]
+
+
+def test_an_instruction_beside_token_ids_is_refused_through_the_door(stack, still_serving):
+    body = (
+        b'{"inputs":[{"name":"INPUT_IDS","datatype":"INT64","shape":[1,2],"data":[101,102]}],'
+        b'"parameters":{"instruction":"Judge."}}'
+    )
+    answer = exchange(stack.http_port, request_bytes(body))
+    assert status_of(answer) == 400, answer[:300]
+    assert b"parameter instruction applies to TEXT input" in answer
+
+
 def test_metrics_are_on_loopback_only_and_never_on_the_public_ports(stack):
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5) as r:
         assert b"nv_inference_request_success" in r.read()
