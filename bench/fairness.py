@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import multiprocessing
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 from bench.cost_tables import cost_table, gpu_table, read_lengths
 from bench.docs import publish, render
 from bench.emulated_engine import TABLE_FILE
-from bench.errors import reports_errors
+from bench.errors import BenchError, reports_errors
 from bench.harness import (
     PEER_MODEL_PY,
     PEER_QUEUE_DELAY_US,
@@ -147,6 +149,34 @@ async def heavy_connection(
         await client.close()
 
 
+def bulk_client(
+    url: str,
+    model: str,
+    rows: list[np.ndarray],
+    priority: int,
+    peer: bool,
+    started: EventType,
+    stop: EventType,
+) -> None:
+    """The bulk connections, in a process of their own (a client of its own, as a bulk job is:
+    in the interactive clients' event loop, its bursts of answers and requests would hold
+    theirs back); cancelled at ``stop``."""
+
+    async def run() -> None:
+        bulk = [
+            asyncio.ensure_future(heavy_connection(url, model, rows, priority, peer))
+            for _ in range(HEAVY_CONNECTIONS)
+        ]
+        started.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        for task in bulk:  # cancelled calls reach the model, which drops their rows unrun
+            task.cancel()
+        await asyncio.gather(*bulk, return_exceptions=True)
+
+    asyncio.run(run())
+
+
 async def light_loop(url: str, model: str, row: np.ndarray, name: str, seconds: float) -> Point:
     """One interactive client's closed loop for ``seconds``: its latencies and refusals."""
     client = grpcaio.InferenceServerClient(url)
@@ -200,11 +230,18 @@ async def phase(
     class ``heavy`` (none if 0): their latencies, and the bulk rows computed a second."""
     metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
     heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
-    bulk = [
-        asyncio.ensure_future(heavy_connection(server.grpc_url, model, heavy_rows, heavy, peer))
-        for _ in range(HEAVY_CONNECTIONS if heavy else 0)
-    ]
-    await asyncio.sleep(2.0 if bulk else 0.0)  # the queue fills first
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop = spawn.Event(), spawn.Event()
+    bulk = spawn.Process(
+        target=bulk_client,
+        args=(server.grpc_url, model, heavy_rows, heavy, peer, ready, stop),
+        daemon=True,
+    )
+    if heavy:
+        bulk.start()
+        if not await asyncio.to_thread(ready.wait, 60.0):
+            raise BenchError("the bulk client did not start in 60 s")
+        await asyncio.sleep(2.0)  # the queue fills first
     (computed, busy), started = work_done(metrics, model, peer), time.monotonic()
     cpu = cpu_times()
     loops = [
@@ -219,12 +256,13 @@ async def phase(
     now_computed, now_busy = work_done(metrics, model, peer)
     elapsed = time.monotonic() - started
     point.engine_busy.append((now_busy - busy) / elapsed)
-    if bulk:
+    if heavy:
         point.heavy_rows_s.append((now_computed - computed - len(point.latencies_ms)) / elapsed)
-    for task in bulk:  # cancelled calls reach the model, which drops their rows unrun
-        task.cancel()
-    await asyncio.gather(*bulk, return_exceptions=True)
-    if bulk:
+        stop.set()
+        await asyncio.to_thread(bulk.join, 30.0)
+        if bulk.exitcode is None:
+            bulk.kill()
+            raise BenchError("the bulk client did not stop in 30 s")
         await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
     return point
 
