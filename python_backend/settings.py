@@ -111,12 +111,20 @@ class Settings:
         "a lower class with rows waiting gets at least this share of the engine's recent work",
     )
 
+    class_rider_factor: float = _setting(
+        "2",
+        number_at_least(1.0),
+        "riders of the next class make a higher class's forward cost at most this many times its "
+        "own",
+    )
+
     def service_classes(self) -> ServiceClasses:
         return ServiceClasses(
             classes=self.classes,
             wait_s=self.class_wait_ms / 1000.0,
             recent_s=self.class_recent_ms / 1000.0,
             min_share=self.class_min_share,
+            rider_factor=self.class_rider_factor,
         )
 
 

@@ -60,13 +60,14 @@ class BucketLayout:
         return num_tokens <= self.lengths[-1]
 
     def max_rows(self, padded_length: int) -> int:
-        """Rows one forward takes at ``padded_length`` (the engine profile's batch limit)."""
+        """Rows one forward takes at ``padded_length``: the engine profile's batch limit, within
+        ``max_batch`` (a server's cap: ``capped``)."""
         i = bisect.bisect_left(self.lengths, padded_length)
         if i < len(self.lengths):
-            return self.buckets[i].max_rows
+            return min(self.max_batch, self.buckets[i].max_rows)
         if self.long_rows is None or padded_length > self.max_length:
             raise ValueError(f"no engine profile takes rows of {padded_length} tokens")
-        return self.long_rows.max_rows
+        return min(self.max_batch, self.long_rows.max_rows)
 
     def bucket_index(self, padded_length: int) -> int | None:
         """The bucket (and engine profile) of exactly this length; None for other lengths."""

@@ -293,18 +293,12 @@ class ClassedQueue(Generic[T]):
         """At least one request of class ``priority``, at most ``limit`` rows beyond it."""
         return self.lines[priority - 1].take_rows(limit, at_least_one=True)
 
-    def take_rows(
-        self, below: int, limit: int, counted: Callable[[T], int] | None = None
-    ) -> tuple[int, list[T]]:
+    def take_rows(self, below: int, limit: int, counted: Callable[[T], int]) -> tuple[int, list[T]]:
         """Requests of the first class below ``below`` with rows queued, and that class; (0, [])
-        where none waits. Without ``counted``: whole requests, at most ``limit`` rows beyond the
-        first, however large (``FairQueue.take_rows``). With it: the requests of which it counts
-        rows, until they count ``limit``, the clients in turn, looking at ``SCAN_ITEMS`` at most
-        (``FairQueue.take_counted``)."""
+        where none waits: those of which ``counted`` counts rows, until they count ``limit``,
+        the clients in turn, looking at ``SCAN_ITEMS`` at most (``FairQueue.take_counted``)."""
         for priority in range(below + 1, self.classes + 1):
             line = self.lines[priority - 1]
             if line.rows:
-                if counted is None:
-                    return priority, line.take_rows(limit, at_least_one=True)
                 return priority, line.take_counted(limit, counted)
         return 0, []

@@ -99,8 +99,8 @@ class ServiceClasses:
 
     A step takes the highest class waiting; rows of the next class ride in its forwards where
     one more row costs less than its share of a forward of its own, making a forward cost at
-    most ``RIDER_COST_FACTOR`` times as much; a forward may run longer than its own rows for
-    riders of that length, and a request may ride in part. While a higher class is waiting or
+    most ``rider_factor`` times as much; a forward may run longer than its own rows for riders
+    of that length, and a request may ride in part. While a higher class is waiting or
     was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
     engine about ``wait_s`` at most (``capped_layout``), and the step yields after any forward
     once a higher class waits. A lower class with rows waiting whose share of the engine's recent
@@ -112,10 +112,7 @@ class ServiceClasses:
     recent_s: float = 1.0
     min_share: float = 0.05
     share_window_s: float = 2.0
-
-
-# riders make a forward of a higher class cost at most this many times as much as it did
-RIDER_COST_FACTOR = 2.0
+    rider_factor: float = 2.0
 
 
 def capped_layout(

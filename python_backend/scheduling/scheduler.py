@@ -47,7 +47,6 @@ from python_backend.engines.base import BucketLayout, Engine, pad_rows
 from python_backend.scheduling.fair_queue import ClassedQueue
 from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
 from python_backend.scheduling.policy import (
-    RIDER_COST_FACTOR,
     BudgetLayout,
     Policy,
     QueuedRows,
@@ -96,11 +95,6 @@ def clients_after_each(forwards: list[Forward]) -> list[frozenset[str]]:
         seen.update(row.owner.request.client for row in forward.rows)
     later.reverse()
     return later
-
-
-def most_rows(layout: PlanLayout, padded_length: int) -> int:
-    """The rows a forward at ``padded_length`` may hold: the engine's and the server's cap."""
-    return min(layout.max_batch, layout.max_rows(padded_length))
 
 
 class Scheduler:
@@ -409,8 +403,8 @@ class Scheduler:
         # as its class's rows make it (a flood's rows run in full forwards)
         self._shares = {}
         for t in queued:
-            sharing = max(1, min(most_rows(self.layout, t), class_rows))
-            self._shares[t] = self.cost.cost(sharing, t) / sharing
+            sharing = max(1, min(self.layout.max_rows(t), class_rows))
+            self._shares[t] = self._costs_at(t)[0][sharing] / sharing
         wanted: Counter[int] = Counter()
         for k, f in enumerate(forwards):
             _, self._ride_at[k], counts = self._best_fill(
@@ -455,14 +449,14 @@ class Scheduler:
 
     def _raises(self, forward: Forward, layout: PlanLayout) -> list[int]:
         """The lengths ``forward`` may run at to take riders: its own, and each longer bucket
-        where one more row keeps it within ``RIDER_COST_FACTOR`` times its cost (its own rows
+        where one more row keeps it within ``rider_factor`` times its cost (its own rows
         padded further, riders of that length none)."""
         held, length = len(forward.rows), forward.padded_length
-        most = RIDER_COST_FACTOR * self._runs_cost(held, length)
+        most = self.classes.rider_factor * self._runs_cost(held, length)
         return [length] + [
             t
             for t in self.layout.lengths
-            if t > length and most_rows(layout, t) > held and self._runs_cost(held + 1, t) <= most
+            if t > length and layout.max_rows(t) > held and self._runs_cost(held + 1, t) <= most
         ]
 
     def _best_fill(
@@ -479,13 +473,13 @@ class Scheduler:
         """The riders ``forward`` takes run at ``length``, of ``rows`` (how many at each bucket
         length): those of the longest lengths first, each where its tokens there cost less than
         its share of a forward of its own (``_shares``), while the forward, as it runs
-        (``_runs_cost``), stays within ``RIDER_COST_FACTOR`` times its cost and the rows the
+        (``_runs_cost``), stays within ``rider_factor`` times its cost and the rows the
         layout takes; as many as save most (their shares, less what the forward costs more:
         a captured batch size passed may cost more than the rows past it save). Returns that
         saving, ``length``, and how many of each length it takes."""
         held = len(forward.rows)
         before = self._runs_cost(held, forward.padded_length)
-        most, room = RIDER_COST_FACTOR * before, most_rows(layout, length)
+        most, room = self.classes.rider_factor * before, layout.max_rows(length)
         cost, runs = self._costs_at(length)
         order: list[int] = []  # the lengths of the rows taken, in turn
         work = best = 0.0

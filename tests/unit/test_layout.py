@@ -37,3 +37,10 @@ def test_max_rows_per_profile_and_no_profile_past_the_max_length():
     assert (lay.max_rows(16), lay.max_rows(128), lay.max_rows(150)) == (64, 8, 4)
     with pytest.raises(ValueError, match="no engine profile takes rows of 201 tokens"):
         lay.max_rows(201)
+
+
+def test_a_servers_cap_bounds_every_profiles_rows_and_never_raises_one():
+    capped = layout().capped(6)
+    assert capped.max_batch == 6
+    assert (capped.max_rows(16), capped.max_rows(128), capped.max_rows(150)) == (6, 6, 4)
+    assert layout().capped(100).max_batch == 64

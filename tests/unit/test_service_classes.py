@@ -42,23 +42,27 @@ def test_a_full_queue_refuses_the_lowest_class_over_its_share_first():
 def test_the_higher_class_runs_first_and_a_lower_request_rides_where_it_costs_less():
     """Bulk rows ride in the interactive forward when one more row there costs less than its
     share of a forward of the bulk rows of its length (a large fixed cost); otherwise they wait
-    for their own step. Riders at most double the interactive forward's cost."""
+    for their own step. Riders make the interactive forward cost at most ``rider_factor`` times
+    as much."""
     interactive, bulk = rows_of(60, 1), [rows_of(10, 2, start=100 + 10 * k) for k in range(3)]
-    for overhead, calls in (
-        (1024.0, [(7, 64)]),  # 1472 units: under twice 1088
-        (300.0, [(6, 64), (1, 16)]),  # a seventh row would pass twice 364: it runs later
-        (64.0, [(1, 64), (6, 16)]),  # 64 units more: the six together cost 160
-        (0.0, [(1, 64), (6, 16)]),
+    for overhead, factor, calls in (
+        (1024.0, 2.0, [(7, 64)]),  # 1472 units: under twice 1088
+        (300.0, 2.0, [(6, 64), (1, 16)]),  # a seventh row would pass twice 364: it runs later
+        (300.0, 3.0, [(7, 64)]),  # 748 units: under three times 364
+        (300.0, 1.0, [(1, 64), (6, 16)]),  # none: each costs more
+        (64.0, 3.0, [(1, 64), (6, 16)]),  # 64 units more: the six together cost 160
+        (0.0, 3.0, [(1, 64), (6, 16)]),
     ):
         engine = FakeChecksumEngine(layout())
-        scheduler = scheduler_for(engine, overhead=overhead)
+        classes = ServiceClasses(rider_factor=factor)
+        scheduler = scheduler_for(engine, overhead=overhead, classes=classes)
         answers = Answers()
         for k, rows in enumerate(bulk):
             scheduler.submit(Request(rows, answers.responder(k), priority=2))
         scheduler.submit(Request(interactive, answers.responder(9)))
         while scheduler.queued_rows:
             scheduler.step()
-        assert engine.calls == calls, overhead
+        assert engine.calls == calls, (overhead, factor)
         assert_answer_matches(answers.by_request[9], interactive)
         for k, rows in enumerate(bulk):
             assert_answer_matches(answers.by_request[k], rows)
@@ -199,8 +203,9 @@ def test_a_lower_class_runs_capped_while_a_higher_one_is_about_and_yields_to_it(
 def test_a_budget_counts_the_batch_the_engine_runs_and_riders_fill_to_a_captured_size():
     """Where the engine runs captured batch sizes (CUDA graphs), a capped forward holds the rows
     whose captured batch fits the budget (40 rows would run as 64), and an interactive forward
-    takes riders up to the captured size whose cost stays within twice its own (a row more
-    would run as the next size), not rows that would run as a larger batch."""
+    takes riders up to the captured size whose cost stays within ``rider_factor`` (here twice)
+    its own (a row more would run as the next size), not rows that would run as a larger
+    batch."""
     captured = BucketLayout(
         tuple(Bucket(t, 64, 32, (1, 2, 4, 8, 16, 32, 64)) for t in (16, 32, 64)), 64, 64, None
     )
@@ -209,7 +214,7 @@ def test_a_budget_counts_the_batch_the_engine_runs_and_riders_fill_to_a_captured
     assert BudgetLayout(layout(lengths=(16, 32, 64), max_rows=64), 40 * 64).max_rows(64) == 40
 
     engine = FakeChecksumEngine(captured)
-    scheduler = scheduler_for(engine, overhead=256.0)
+    scheduler = scheduler_for(engine, overhead=256.0, classes=ServiceClasses(rider_factor=2.0))
     answers = Answers()
     bulk = rows_of(60, 40, start=100)
     scheduler.submit(Request(bulk, answers.responder(1), priority=2))
@@ -376,10 +381,11 @@ def test_riders_are_taken_whole_in_turn_at_least_one_and_never_past_the_room():
         queue.push(3, "a", f"a{k}", rows)
     queue.push(3, "b", "b0", 2)
     queue.push(1, "c", "c0", 1)
-    assert queue.take_rows(1, 9) == (3, ["a0", "b0", "a1"])  # class 2 has none: the next
-    assert queue.take_rows(1, 4) == (3, ["a2"])  # 5 rows: the first, however large
-    assert queue.take_rows(2, 5) == (3, ["a3"]) and queue.waiting() == [1]
-    assert queue.take_rows(1, 5) == (0, [])
+    rows = {"a0": 4, "a1": 3, "a2": 5, "a3": 2, "b0": 2}.__getitem__
+    assert queue.take_rows(1, 9, rows) == (3, ["a0", "b0", "a1"])  # class 2 has none: the next
+    assert queue.take_rows(1, 4, rows) == (3, ["a2"])  # 5 rows: the first, however large
+    assert queue.take_rows(2, 5, rows) == (3, ["a3"]) and queue.waiting() == [1]
+    assert queue.take_rows(1, 5, rows) == (0, [])
     # riders counted by their rows that can ride: a head with none keeps its place, and the
     # requests behind it are taken
     for name in ("e0", "e1", "e2"):

@@ -71,11 +71,26 @@ def test_a_bad_overhead_in_the_environment_is_named(monkeypatch):
         ({"planner": "greedy"}, "planner must be dp or per_bucket"),
         ({"class_min_share": "1.5"}, "class_min_share must be <= 1"),
         ({"classes": "0"}, "classes must be >= 1"),
+        ({"class_rider_factor": "0.5"}, "class_rider_factor must be >= 1"),
     ],
 )
 def test_bad_settings_are_named(values, message):
     with pytest.raises(SettingsError, match=message):
         settings_from_parameters(params(**values), MODEL)
+
+
+def test_the_class_settings_reach_the_scheduler():
+    s = settings_from_parameters(
+        params(classes="3", class_wait_ms="4", class_rider_factor="3.5", class_min_share="0.1"),
+        MODEL,
+    )
+    classes = s.service_classes()
+    assert (classes.classes, classes.wait_s, classes.rider_factor, classes.min_share) == (
+        3,
+        0.004,
+        3.5,
+        0.1,
+    )
 
 
 def test_fault_injection_is_not_a_setting(monkeypatch):
