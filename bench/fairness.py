@@ -2,7 +2,7 @@
 and the peers' batchers at the same loads.
 
     python -m bench.fairness [--costs table:a30*20,real] [--seconds 8] [--rounds 3]
-        [--class-wait-ms 50] [--no-write]
+        [--class-wait-ms 50] [--class-rider-factor 2] [--no-write]
 
 Served: planner_dp on the real Triton forwarding the client header, over gRPC, on each engine of
 ``--costs``: ``manifest``, the bench-only emulated engine with this machine's calibrated forward
@@ -10,9 +10,10 @@ times (they sleep as long as the real ones took); a cost table (``table:a30*20``
 A30 times, 20 times as long, so that the engine and not this machine's CPU saturates); ``real``,
 ONNX Runtime, make serve's engine. The bulk client: 2 connections, each 2048 rows as 32 requests
 of 64 at once, back to back (the 4096-row queue full); the interactive clients: closed loops,
-one row a request. Phases, alternating rounds: the interactive clients alone, the bulk alone,
-both in one class (round-robin between clients: today without classes), and the bulk in class 2
-(``priority``). A refusal (503) counts apart; the CPU's busy share is measured per phase.
+one row a request; the bulk client runs in a process of its own (in theirs, its bursts of
+answers would hold their answers back). Phases, alternating rounds: the interactive clients
+alone, the bulk alone, both in one class (round-robin between clients: today without classes),
+and the bulk in class 2 (``priority``). A refusal (503) counts apart; the CPU's busy share is measured per phase.
 
 Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
 tables for the project's planner with and without classes, Triton's dynamic batcher with
@@ -283,7 +284,7 @@ def priority_peer(repository: Path, name: str, table: str | None) -> str:
 
 
 def served(
-    repository: Path, spec: str, rounds: int, wait_ms: str, seconds: float
+    repository: Path, spec: str, rounds: int, classes: dict[str, str], seconds: float
 ) -> tuple[list[Point], float]:
     """The phases on one engine, pooled over rounds; and its longest forward (ms)."""
     source = repository / "planner_dp"
@@ -291,7 +292,7 @@ def served(
     table = None if spec == "real" else f"manifest:{source}" if spec == "manifest" else spec
     forward_s = cost_table(table or f"manifest:{source}")
     # the planner's cost model: the table's fixed cost, as calibration on that engine would find
-    settings = {"class_wait_ms": wait_ms, "overhead_tokens": f"{forward_s.fixed_tokens:.0f}"}
+    settings = {**classes, "overhead_tokens": f"{forward_s.fixed_tokens:.0f}"}
     if table is not None:  # the emulated engine stands for a GPU: forwards overlap the rest
         settings["overlap_forwards"] = "on"
     add_variant(repository, "planner_dp", model, table, parameters=settings)
@@ -326,7 +327,7 @@ def served(
     return list(points.values()), longest_ms
 
 
-def simulated(wait_ms: float) -> str:
+def simulated(wait_ms: float, rider_factor: float) -> str:
     """The simulator's table: each policy's interactive p50/p99 alone and beside the bulk, and
     the bulk's rows/s alone and beside the interactive clients; each run with ``SIM_SEEDS``
     (the rounds: the lengths and arrivals drawn again)."""
@@ -342,7 +343,11 @@ def simulated(wait_ms: float) -> str:
         for label, policy, bulk_class, waits in SIM_POLICIES:
             wait = wait_ms if waits is None else waits[gpu]
             label = label.replace("GPU wait", f"wait {wait:g} ms")
-            classes = ServiceClasses(wait_s=wait / 1e3) if policy == "dp" else STRICT
+            classes = (
+                ServiceClasses(wait_s=wait / 1e3, rider_factor=rider_factor)
+                if policy == "dp"
+                else STRICT
+            )
             bulk = Load(SIM_BULK.clients, SIM_BULK.rows, bulk_class, SIM_BULK.client)
             rounds = []
             for seed in SIM_SEEDS:
@@ -390,30 +395,44 @@ def main() -> int:
     parser.add_argument("--repository", type=Path, default=ROOT / "build" / "bench-repo")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
     parser.add_argument("--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"])
+    parser.add_argument("--class-rider-factor", default=CONFIG_DEFAULTS["class_rider_factor"])
     args = parser.parse_args()
     repository, _ = build_repository(args.repository, rebuild=False)
-    sim_table = simulated(float(args.class_wait_ms))
+    sim_table = simulated(float(args.class_wait_ms), float(args.class_rider_factor))
+    class_settings = {
+        "class_wait_ms": args.class_wait_ms,
+        "class_rider_factor": args.class_rider_factor,
+    }
     lines = [
         "| engine | phase | interactive p50 ms | p99 ms | bulk rows/s (spread) | engine busy | "
         "CPU busy |",
         "|---|---|---|---|---|---|---|",
     ]
     verdicts = []
+    rows = request_rows(repository / "planner_dp" / "1")
+    light_tokens = float(np.mean([len(rows[k]) for k in range(LIGHT_CLIENTS)]))
+    heavy_tokens = float(np.mean([len(rows[i % len(rows)]) for i in range(HEAVY_ROWS)]))
     for spec in args.costs.split(","):
-        points, longest_ms = served(repository, spec, args.rounds, args.class_wait_ms, args.seconds)
+        points, longest_ms = served(repository, spec, args.rounds, class_settings, args.seconds)
         lines += [p.row(spec) for p in points]
         by = {p.phase: p for p in points}
         bound = 2 * by["interactive alone"].percentile(99) + min(
             longest_ms, float(args.class_wait_ms)
         )
         classes, peer = by["classes"], by["peer: priority levels"]
+        alone = by["bulk alone"].heavy()
+        # what the bulk keeps at most where a token costs the same in any forward (a CPU): what
+        # the interactive rows' tokens leave of its tokens/s alone
+        interactive_rows_s = len(classes.latencies_ms) / (args.seconds * args.rounds)
+        left = 1 - (interactive_rows_s * light_tokens) / (alone * heavy_tokens)
         verdicts.append(
             f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
-            f"{bound:.1f}; bulk beside the interactive clients "
-            f"{classes.heavy() / by['bulk alone'].heavy():.2f} of alone with classes "
-            f"({classes.heavy() / peer.heavy():.1f}x the peer's); interactive alone: engine "
-            f"{np.mean(by['interactive alone'].engine_busy):.0%}; "
-            f"{sum(p.refused for p in points)} refused"
+            f"{bound:.1f}; bulk beside the interactive clients {classes.heavy() / alone:.2f} "
+            f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); "
+            f"interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
+            f"interactive beside: {interactive_rows_s:.0f} rows/s of {light_tokens:.0f} tokens, "
+            f"leaving at most {left:.2f} of the bulk's {heavy_tokens:.0f}-token rows where a "
+            f"token costs the same in any forward; {sum(p.refused for p in points)} refused"
         )
     text = render(
         "fairness",
@@ -421,6 +440,7 @@ def main() -> int:
         seconds=f"{args.seconds:g}",
         rounds=args.rounds,
         wait=args.class_wait_ms,
+        riders=args.class_rider_factor,
         light=LIGHT_CLIENTS,
         table="\n".join(lines),
         verdicts="\n".join(verdicts),
