@@ -430,15 +430,16 @@ class Scheduler:
         return self.admit(riders)
 
     def _costs_at(self, length: int) -> tuple[list[float], list[float]]:
-        """A forward's cost at ``length`` by its rows, 0 to the most the engine takes there;
-        and as the engine runs it: at the next captured batch size, where it captured any (CUDA
-        graphs). Made once a length."""
+        """A forward's cost at ``length`` by its rows, up to the batch the most rows there run
+        as; and by the rows it holds, 0 to the most, as the engine runs it: at the next captured
+        batch size, where it captured any (CUDA graphs). Made once a length."""
         costs = self._cost_rows.get(length)
         if costs is None:
-            top = self.layout.max_rows(length)
-            row = cost_row(self.cost, length, top).tolist()
+            most = self.layout.max_rows(length)
+            # (a server's max_batch between captured sizes runs as the next one, past it)
+            row = cost_row(self.cost, length, self.layout.run_batch_size(length, most)).tolist()
             runs = [
-                row[self.layout.run_batch_size(length, n)] if n else 0.0 for n in range(top + 1)
+                row[self.layout.run_batch_size(length, n)] if n else 0.0 for n in range(most + 1)
             ]
             costs = self._cost_rows[length] = (row, runs)
         return costs

@@ -19,6 +19,7 @@ from python_backend.engines.base import BucketLayout
 from python_backend.scheduling.fair_queue import ClassedQueue
 from python_backend.scheduling.policy import BudgetLayout, ServiceClasses, capped_layout
 from python_backend.scheduling.records import Request
+from python_backend.scheduling.scheduler import Scheduler
 from python_backend.transport.wire import decode_submit, encode_submit
 from testkit.fake_engine import FakeChecksumEngine, layout
 from tests.unit.test_scheduler import Answers, assert_answer_matches, scheduler_for
@@ -223,6 +224,29 @@ def test_a_budget_counts_the_batch_the_engine_runs_and_riders_fill_to_a_captured
     assert engine.calls == [(4, 64)], engine.calls
     while scheduler.queued_rows:
         scheduler.step()
+    assert_answer_matches(answers.by_request[1], bulk)
+
+
+@pytest.mark.parametrize("max_batch", [6, 40])
+def test_riders_under_a_server_cap_between_captured_sizes(max_batch):
+    """A server's max_batch between two captured batch sizes: forwards hold at most that many
+    rows and run as the next captured size; riders are priced there, and every row is answered."""
+    captured = BucketLayout(
+        tuple(Bucket(t, 64, 32, (1, 2, 4, 8, 16, 32, 64)) for t in (16, 32, 64)), 64, 64, None
+    )
+    engine = FakeChecksumEngine(captured)
+    scheduler = Scheduler(
+        engine, pad_token_id=0, cost=LinearCost(256.0), max_batch=max_batch, max_queue_rows=1000
+    )
+    answers = Answers()
+    bulk = rows_of(60, 50, start=100)
+    scheduler.submit(Request(bulk, answers.responder(1), priority=2))
+    scheduler.submit(Request(rows_of(60, 1), answers.responder(0)))
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert engine.calls and all(rows <= max_batch for rows, _ in engine.calls), engine.calls
+    assert engine.calls[0][0] > 1, "bulk rows ride in the interactive forward"
+    assert_answer_matches(answers.by_request[0], rows_of(60, 1))
     assert_answer_matches(answers.by_request[1], bulk)
 
 
