@@ -238,32 +238,41 @@ async def phase(
         args=(server.grpc_url, model, heavy_rows, heavy, peer, ready, stop),
         daemon=True,
     )
+    point = Point(name, peer=peer)
     if heavy:
         bulk.start()
-        if not await asyncio.to_thread(ready.wait, 60.0):
-            raise BenchError("the bulk client did not start in 60 s")
-        await asyncio.sleep(2.0)  # the queue fills first
-    (computed, busy), started = work_done(metrics, model, peer), time.monotonic()
-    cpu = cpu_times()
-    loops = [
-        light_loop(server.grpc_url, model, rows[k], f"light{k}", seconds)
-        for k in range(LIGHT_CLIENTS if light else 0)
-    ]
-    point = Point(name, peer=peer)
-    for got in await asyncio.gather(*loops, asyncio.sleep(seconds)):
-        if got is not None:
-            point.add(got)
-    point.cpu_busy.append(busy_share(cpu, cpu_times()))
-    now_computed, now_busy = work_done(metrics, model, peer)
-    elapsed = time.monotonic() - started
-    point.engine_busy.append((now_busy - busy) / elapsed)
+    try:
+        if heavy:
+            if not await asyncio.to_thread(ready.wait, 60.0):
+                raise BenchError(f"the bulk client did not start (exit code {bulk.exitcode})")
+            await asyncio.sleep(2.0)  # the queue fills first
+        (computed, busy), started = work_done(metrics, model, peer), time.monotonic()
+        cpu = cpu_times()
+        loops = [
+            light_loop(server.grpc_url, model, rows[k], f"light{k}", seconds)
+            for k in range(LIGHT_CLIENTS if light else 0)
+        ]
+        for got in await asyncio.gather(*loops, asyncio.sleep(seconds)):
+            if got is not None:
+                point.add(got)
+        point.cpu_busy.append(busy_share(cpu, cpu_times()))
+        now_computed, now_busy = work_done(metrics, model, peer)
+        elapsed = time.monotonic() - started
+        point.engine_busy.append((now_busy - busy) / elapsed)
+        if heavy:
+            computed = now_computed - computed - len(point.latencies_ms)
+            point.heavy_rows_s.append(computed / elapsed)
+            if not bulk.is_alive():
+                raise BenchError(f"the bulk client ended early (exit code {bulk.exitcode})")
+    finally:
+        if heavy:  # cancelled calls reach the model, which drops their rows unrun
+            stop.set()
+            await asyncio.to_thread(bulk.join, 30.0)
+            if bulk.exitcode is None:
+                bulk.kill()
     if heavy:
-        point.heavy_rows_s.append((now_computed - computed - len(point.latencies_ms)) / elapsed)
-        stop.set()
-        await asyncio.to_thread(bulk.join, 30.0)
-        if bulk.exitcode is None:
-            bulk.kill()
-            raise BenchError("the bulk client did not stop in 30 s")
+        if bulk.exitcode != 0:
+            raise BenchError(f"the bulk client did not stop cleanly (exit code {bulk.exitcode})")
         await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
     return point
 
@@ -397,6 +406,8 @@ def main() -> int:
     parser.add_argument("--class-wait-ms", default=CONFIG_DEFAULTS["class_wait_ms"])
     parser.add_argument("--class-rider-factor", default=CONFIG_DEFAULTS["class_rider_factor"])
     args = parser.parse_args()
+    if not float(args.class_rider_factor) >= 1:
+        parser.error("--class-rider-factor must be a number >= 1")
     repository, _ = build_repository(args.repository, rebuild=False)
     sim_table = simulated(float(args.class_wait_ms), float(args.class_rider_factor))
     class_settings = {
