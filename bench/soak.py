@@ -121,7 +121,7 @@ def run_soak(
                     future = grpc.async_infer(
                         model,
                         text_inputs("grpc", [texts[r] for r in rows]),
-                        callback=lambda *_: None,
+                        callback=lambda *_, **__: None,  # called as (result=, error=)
                         parameters=in_class or None,
                     )
                     time.sleep(rng.random() * 0.02)

@@ -313,7 +313,7 @@ def test_a_cap_longer_than_any_forward_leaves_the_step_whole():
     """While a higher class is about, a lower class's step takes rows for about one capped
     forward per length; where ``wait_s`` buys more than the longest forward, nothing is capped
     and the step plans its whole queue (a part would group worse)."""
-    for wait_s, whole in ((100.0, True), (0.0008, False)):
+    for wait_s, whole in ((100.0, True), (1e-5, False)):  # 1e-5: under one row's forward
         engine = FakeChecksumEngine(layout(), fail=slow(1e-6))
         classes = ServiceClasses(wait_s=wait_s, recent_s=10.0)
         scheduler = scheduler_for(engine, overhead=64.0, classes=classes)
