@@ -13,7 +13,8 @@ of 64 at once, back to back (the 4096-row queue full); the interactive clients: 
 one row a request; the bulk client runs in a process of its own (in theirs, its bursts of
 answers would hold their answers back). Phases, alternating rounds: the interactive clients
 alone, the bulk alone, both in one class (round-robin between clients: today without classes),
-and the bulk in class 2 (``priority``). A refusal (503) counts apart; the CPU's busy share is measured per phase.
+and the bulk in class 2 (``priority``). A refusal (503) counts apart; the CPU's busy share is
+measured per phase.
 
 Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
 tables for the project's planner with and without classes, Triton's dynamic batcher with
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import multiprocessing
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
@@ -156,7 +159,7 @@ def bulk_client(
     rows: list[np.ndarray],
     priority: int,
     peer: bool,
-    started: EventType,
+    ready: EventType,
     stop: EventType,
 ) -> None:
     """The bulk connections, in a process of their own (a client of its own, as a bulk job is:
@@ -168,7 +171,7 @@ def bulk_client(
             asyncio.ensure_future(heavy_connection(url, model, rows, priority, peer))
             for _ in range(HEAVY_CONNECTIONS)
         ]
-        started.set()
+        ready.set()
         while not stop.is_set():
             await asyncio.sleep(0.05)
         for task in bulk:  # cancelled calls reach the model, which drops their rows unrun
@@ -176,6 +179,42 @@ def bulk_client(
         await asyncio.gather(*bulk, return_exceptions=True)
 
     asyncio.run(run())
+
+
+def bulk_rows(rows: list[np.ndarray]) -> list[np.ndarray]:
+    """What one bulk connection sends: the bench's rows in turn, ``HEAVY_ROWS`` of them."""
+    return [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
+
+
+@contextlib.asynccontextmanager
+async def bulk_flood(
+    url: str, model: str, rows: list[np.ndarray], priority: int, peer: bool
+) -> AsyncIterator[multiprocessing.process.BaseProcess]:
+    """The bulk client (``bulk_client``) running for the body, its queue full first; stopped on
+    every exit, and named with its exit code where it fails."""
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop = spawn.Event(), spawn.Event()
+    process = spawn.Process(
+        target=bulk_client,
+        args=(url, model, bulk_rows(rows), priority, peer, ready, stop),
+        daemon=True,
+    )
+    process.start()
+    try:
+        if not await asyncio.to_thread(ready.wait, 60.0):
+            raise BenchError(f"the bulk client did not start (exit code {process.exitcode})")
+        await asyncio.sleep(2.0)  # the queue fills first
+        yield process
+        if not process.is_alive():
+            raise BenchError(f"the bulk client ended early (exit code {process.exitcode})")
+    finally:  # cancelled calls reach the model, which drops their rows unrun
+        stop.set()
+        await asyncio.to_thread(process.join, 30.0)
+        if process.exitcode is None:
+            process.kill()
+    if process.exitcode != 0:
+        raise BenchError(f"the bulk client did not stop cleanly (exit code {process.exitcode})")
+    await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
 
 
 async def light_loop(url: str, model: str, row: np.ndarray, name: str, seconds: float) -> Point:
@@ -230,22 +269,9 @@ async def phase(
     """The interactive clients (if ``light``) for the phase's seconds beside the bulk client in
     class ``heavy`` (none if 0): their latencies, and the bulk rows computed a second."""
     metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    heavy_rows = [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
-    spawn = multiprocessing.get_context("spawn")
-    ready, stop = spawn.Event(), spawn.Event()
-    bulk = spawn.Process(
-        target=bulk_client,
-        args=(server.grpc_url, model, heavy_rows, heavy, peer, ready, stop),
-        daemon=True,
-    )
     point = Point(name, peer=peer)
-    if heavy:
-        bulk.start()
-    try:
-        if heavy:
-            if not await asyncio.to_thread(ready.wait, 60.0):
-                raise BenchError(f"the bulk client did not start (exit code {bulk.exitcode})")
-            await asyncio.sleep(2.0)  # the queue fills first
+    flood = bulk_flood(server.grpc_url, model, rows, heavy, peer) if heavy else None
+    async with flood or contextlib.nullcontext():
         (computed, busy), started = work_done(metrics, model, peer), time.monotonic()
         cpu = cpu_times()
         loops = [
@@ -260,20 +286,8 @@ async def phase(
         elapsed = time.monotonic() - started
         point.engine_busy.append((now_busy - busy) / elapsed)
         if heavy:
-            computed = now_computed - computed - len(point.latencies_ms)
-            point.heavy_rows_s.append(computed / elapsed)
-            if not bulk.is_alive():
-                raise BenchError(f"the bulk client ended early (exit code {bulk.exitcode})")
-    finally:
-        if heavy:  # cancelled calls reach the model, which drops their rows unrun
-            stop.set()
-            await asyncio.to_thread(bulk.join, 30.0)
-            if bulk.exitcode is None:
-                bulk.kill()
-    if heavy:
-        if bulk.exitcode != 0:
-            raise BenchError(f"the bulk client did not stop cleanly (exit code {bulk.exitcode})")
-        await asyncio.sleep(3.0)  # the forward running when they were cancelled ends
+            bulk_done = now_computed - computed - len(point.latencies_ms)
+            point.heavy_rows_s.append(bulk_done / elapsed)
     return point
 
 
@@ -422,7 +436,7 @@ def main() -> int:
     verdicts = []
     rows = request_rows(repository / "planner_dp" / "1")
     light_tokens = float(np.mean([len(rows[k]) for k in range(LIGHT_CLIENTS)]))
-    heavy_tokens = float(np.mean([len(rows[i % len(rows)]) for i in range(HEAVY_ROWS)]))
+    heavy_tokens = float(np.mean([len(row) for row in bulk_rows(rows)]))
     for spec in args.costs.split(","):
         points, longest_ms = served(repository, spec, args.rounds, class_settings, args.seconds)
         lines += [p.row(spec) for p in points]
