@@ -81,11 +81,11 @@ SIM_BULK = Load(clients=16, rows=64, client="bulk")
 SIM_ROUND_TRIP_US = 1000.0
 SIM_SEEDS = (0, 1, 2)
 # (label, simulator policy, the bulk's class, class_wait_ms or None for --class-wait-ms): in
-# class 2, the project's classes for the planner (and with the cap a GPU deployment would set:
-# about the longest forward, GPU_WAIT_MS); for Triton's priority levels, strict priority (no
-# cap, no share)
+# class 2, the project's classes for the planner (and with the wait a GPU deployment might set:
+# about 0.4 of the longest forward, GPU_WAIT_MS); for Triton's priority levels, strict priority
+# (no cap, no share)
 STRICT = ServiceClasses(wait_s=1e9, min_share=0.0)
-GPU_WAIT_MS = {"a100": 2.0, "a30": 4.0}
+GPU_WAIT_MS = {"a100": 1.0, "a30": 2.0}
 SIM_POLICIES: list[tuple[str, str, int, dict[str, float] | None]] = [
     ("planner, classes", "dp", 2, None),
     ("planner, classes, GPU wait", "dp", 2, GPU_WAIT_MS),
@@ -181,22 +181,26 @@ def bulk_client(
     asyncio.run(run())
 
 
-def bulk_rows(rows: list[np.ndarray]) -> list[np.ndarray]:
-    """What one bulk connection sends: the bench's rows in turn, ``HEAVY_ROWS`` of them."""
-    return [rows[i % len(rows)] for i in range(HEAVY_ROWS)]
-
-
 @contextlib.asynccontextmanager
 async def bulk_flood(
     url: str, model: str, rows: list[np.ndarray], priority: int, peer: bool
 ) -> AsyncIterator[multiprocessing.process.BaseProcess]:
-    """The bulk client (``bulk_client``) running for the body, its queue full first; stopped on
-    every exit, and named with its exit code where it fails."""
+    """The bulk client (``bulk_client``, sending the bench's rows in turn, ``HEAVY_ROWS`` a
+    connection) running for the body, its queue full first; stopped on every exit, and named
+    with its exit code where it fails."""
     spawn = multiprocessing.get_context("spawn")
     ready, stop = spawn.Event(), spawn.Event()
     process = spawn.Process(
         target=bulk_client,
-        args=(url, model, bulk_rows(rows), priority, peer, ready, stop),
+        args=(
+            url,
+            model,
+            [rows[i % len(rows)] for i in range(HEAVY_ROWS)],
+            priority,
+            peer,
+            ready,
+            stop,
+        ),
         daemon=True,
     )
     process.start()
@@ -434,9 +438,6 @@ def main() -> int:
         "|---|---|---|---|---|---|---|",
     ]
     verdicts = []
-    rows = request_rows(repository / "planner_dp" / "1")
-    light_tokens = float(np.mean([len(rows[k]) for k in range(LIGHT_CLIENTS)]))
-    heavy_tokens = float(np.mean([len(row) for row in bulk_rows(rows)]))
     for spec in args.costs.split(","):
         points, longest_ms = served(repository, spec, args.rounds, class_settings, args.seconds)
         lines += [p.row(spec) for p in points]
@@ -446,18 +447,14 @@ def main() -> int:
         )
         classes, peer = by["classes"], by["peer: priority levels"]
         alone = by["bulk alone"].heavy()
-        # what the bulk keeps at most where a token costs the same in any forward (a CPU): what
-        # the interactive rows' tokens leave of its tokens/s alone
         interactive_rows_s = len(classes.latencies_ms) / (args.seconds * args.rounds)
-        left = 1 - (interactive_rows_s * light_tokens) / (alone * heavy_tokens)
         verdicts.append(
             f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
             f"{bound:.1f}; bulk beside the interactive clients {classes.heavy() / alone:.2f} "
             f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); "
             f"interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
-            f"interactive beside: {interactive_rows_s:.0f} rows/s of {light_tokens:.0f} tokens, "
-            f"leaving at most {left:.2f} of the bulk's {heavy_tokens:.0f}-token rows where a "
-            f"token costs the same in any forward; {sum(p.refused for p in points)} refused"
+            f"interactive beside: {interactive_rows_s:.0f} rows/s; "
+            f"{sum(p.refused for p in points)} refused"
         )
     text = render(
         "fairness",

@@ -99,8 +99,9 @@ class Settings:
     class_wait_ms: float = _setting(
         "50",
         number_at_least(1.0),
-        "while a higher class waits or was seen in the last `class_recent_ms`, a lower class's "
-        "forwards are capped to about this long each",
+        "about how long a lower class may hold a higher class's row: while a higher class waits or "
+        "was seen in the last `class_recent_ms`, a lower class's forwards are capped to about this "
+        "long each, and riders take what a row has not waited of it",
     )
     class_recent_ms: float = _setting(
         "1000", number_at_least(0.0), "how recently a higher class was seen for the cap to hold"
@@ -114,8 +115,8 @@ class Settings:
     class_rider_factor: float = _setting(
         "2",
         number_at_least(1.0),
-        "riders of the next class make a higher class's forward cost at most this many times its "
-        "own",
+        "riders of the next class may make a higher class's forward cost this many times its own, "
+        "however long its rows have waited",
     )
 
     def service_classes(self) -> ServiceClasses:

@@ -98,14 +98,15 @@ class ServiceClasses:
     """How the scheduler serves classes of requests (``Request.priority``, 1 first).
 
     A step takes the highest class waiting; rows of the next class ride in its forwards where
-    one more row costs less than its share of a forward of its own, making a forward cost at
-    most ``rider_factor`` times as much; a forward may run longer than its own rows for riders
-    of that length, and a request may ride in part. While a higher class is waiting or
+    one more row costs less than its share of a forward of its own (a forward may run longer
+    than its own rows for riders of that length, and a request may ride in part). A higher
+    class's row may wait about ``wait_s`` for a lower class: while a higher class is waiting or
     was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
-    engine about ``wait_s`` at most (``capped_layout``), and the step yields after any forward
-    once a higher class waits. A lower class with rows waiting whose share of the engine's recent
-    work (cost units, decaying over ``share_window_s``) is under ``min_share`` is served first,
-    capped, so no class starves."""
+    engine about ``wait_s`` at most (``capped_layout``), the step yields after any forward once
+    a higher class waits, and riders take what the row has not waited of it, or make its forward
+    cost ``rider_factor`` times its own, whichever is more (``Scheduler._rider_budget``). A lower
+    class with rows waiting whose share of the engine's recent work (cost units, decaying over
+    ``share_window_s``) is under ``min_share`` is served first, capped, so no class starves."""
 
     classes: int = 2
     wait_s: float = 0.05

@@ -146,6 +146,8 @@ class Scheduler:
         self._unsettled: Ran | None = None  # a forward that has run, taken from the runner
         self._cost_rows: dict[int, tuple[list[float], list[float]]] = {}  # _costs_at
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
+        self._step_forwards = 0  # how many the step planned (_rider_budget)
+        self._submitted_at = 0.0  # clock time the forward in flight was submitted (overlap)
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
         # the engine's recent work per class, in cost units, decaying; and its seconds per unit
@@ -391,6 +393,7 @@ class Scheduler:
         none: a line's head that cannot ride never blocks those behind it). None unless the
         step serves the highest class waiting."""
         self._ride_at = [f.padded_length for f in forwards]
+        self._step_forwards = len(forwards)
         if not (self._step_is_top and self.policy.riders):
             return []
         with self._cond:
@@ -450,15 +453,40 @@ class Scheduler:
 
     def _raises(self, forward: Forward, layout: PlanLayout) -> list[int]:
         """The lengths ``forward`` may run at to take riders: its own, and each longer bucket
-        where one more row keeps it within ``rider_factor`` times its cost (its own rows
+        where one more row keeps it within its rider budget (``_rider_budget``; its own rows
         padded further, riders of that length none)."""
         held, length = len(forward.rows), forward.padded_length
-        most = self.classes.rider_factor * self._runs_cost(held, length)
+        most = self._rider_budget(forward, self._runs_cost(held, length))
         return [length] + [
             t
             for t in self.layout.lengths
             if t > length and layout.max_rows(t) > held and self._runs_cost(held + 1, t) <= most
         ]
+
+    def _rider_budget(self, forward: Forward, own: float) -> float:
+        """The most ``forward`` may cost with riders, in cost units. A higher class's row may wait
+        about one capped forward for a lower class (``ServiceClasses.wait_s``, at most the
+        longest forward): for one running as it came, or for riders in its own. Riders take
+        ``rider_factor`` times its rows' cost (``own``) or, where they have waited less (the
+        step's one forward, the engine measured), what they have not: it ends by their
+        arrival plus a capped forward plus their own cost, and runs no longer than a capped
+        forward, so a row coming meanwhile waits one at most. With overlap, what is left of
+        the forward in flight counts as waited (its cost at the measured seconds per unit).
+        """
+        most = self.classes.rider_factor * own
+        spu = self._seconds_per_unit
+        if spu is None or self._step_forwards != 1:
+            return most
+        longest = self.layout.lengths[-1]
+        full = self._runs_cost(self.layout.max_rows(longest), longest)
+        capped = min(self.classes.wait_s / spu, full)
+        now = self.clock()
+        waited = (now - forward.oldest_arrived_at) / spu
+        flying = self.runner.in_flight
+        if flying is not None and not self.runner.ran:
+            flying_cost = self.cost.cost(len(flying.rows), flying.padded_length)
+            waited += max(0.0, flying_cost - (now - self._submitted_at) / spu)
+        return max(most, min(capped, capped + own - waited))
 
     def _best_fill(
         self, forward: Forward, rows: Mapping[int, int], layout: PlanLayout, lengths: list[int]
@@ -474,13 +502,13 @@ class Scheduler:
         """The riders ``forward`` takes run at ``length``, of ``rows`` (how many at each bucket
         length): those of the longest lengths first, each where its tokens there cost less than
         its share of a forward of its own (``_shares``), while the forward, as it runs
-        (``_runs_cost``), stays within ``rider_factor`` times its cost and the rows the
+        (``_runs_cost``), stays within its rider budget (``_rider_budget``) and the rows the
         layout takes; as many as save most (their shares, less what the forward costs more:
         a captured batch size passed may cost more than the rows past it save). Returns that
         saving, ``length``, and how many of each length it takes."""
         held = len(forward.rows)
         before = self._runs_cost(held, forward.padded_length)
-        most, room = self.classes.rider_factor * before, layout.max_rows(length)
+        most, room = self._rider_budget(forward, before), layout.max_rows(length)
         cost, runs = self._costs_at(length)
         order: list[int] = []  # the lengths of the rows taken, in turn
         work = best = 0.0
@@ -569,6 +597,7 @@ class Scheduler:
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
         kept = self._started(forward)
         if kept.rows:
+            self._submitted_at = self.clock()
             ran = self.runner.submit(kept, *(inputs if kept is forward else self._inputs(kept)))
             if ran is not None:
                 self._settle(ran)

@@ -459,3 +459,75 @@ def test_an_internal_error_answers_the_riders_too():
         0: Reason.INTERNAL,
         1: Reason.INTERNAL,
     }
+
+
+class TimedEngine(FakeChecksumEngine):
+    """Each forward takes its cost in microseconds of the test's clock (``now``) as it runs
+    (once its gate is open)."""
+
+    def __init__(self, cost: LinearCost, now: list[float]) -> None:
+        super().__init__(layout(), gate=threading.Event())
+        self.cost, self.now = cost, now
+        self.gate.set()
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        outputs = super().run(input_ids, attention_mask)
+        self.now[0] += self.cost.cost(*input_ids.shape) * 1e-6
+        return outputs
+
+
+@pytest.mark.parametrize(
+    ("flying_for", "waited", "rows"),
+    [
+        (None, 0, 4),  # 1300 units: 1024 + 4 * 64 (1088 by its own rows alone)
+        (None, 1200, 2),  # by 1300 + 1088 - 1200 = 1188 units after it came: 1152
+        (None, 1300, 1),  # waited the capped forward: its own rows' cost, the factor's
+        (0, 0, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280 = 1108
+        (1000, 0, 4),  # 280 units of it left: 1300 again
+    ],
+)
+def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(flying_for, waited, rows):
+    """With ``rider_factor`` 1 riders never make a forward cost more than its own rows; but an
+    interactive row may wait one capped forward (``wait_s``: 1300 units at 1 us a unit), and
+    what it did not wait, for the forward in flight (with overlap) or since it came, its own
+    forward may spend on riders: it ends by then plus its own rows' cost, never longer than a
+    capped forward. Every row is answered once."""
+    now = [0.0]
+    cost = LinearCost(1024.0)
+    engine = TimedEngine(cost, now)
+    scheduler = scheduler_for(
+        engine,
+        overhead=1024.0,
+        classes=ServiceClasses(wait_s=1300e-6, rider_factor=1.0),
+        clock=lambda: now[0],
+        timer=lambda: now[0],
+        overlap=flying_for is not None,
+    )
+    answers = Answers()
+    sent = {9: rows_of(60, 1, start=500)}
+    scheduler.submit(Request(sent[9], answers.responder(9), priority=2))
+    scheduler.step()  # measures the engine: 1 us a unit
+    if flying_for is not None:
+        engine.gate.clear()
+        sent[8] = rows_of(60, 4, start=600)
+        scheduler.submit(Request(sent[8], answers.responder(8), priority=2))
+        scheduler.step(finish_last=False)
+        assert engine.wait_for_calls(2) and engine.calls[-1] == (4, 64)
+        assert scheduler.runner.in_flight is not None
+        now[0] += flying_for * 1e-6
+    for k in range(7):
+        sent[k] = rows_of(60, 1, start=100 + k)
+        scheduler.submit(Request(sent[k], answers.responder(k), priority=2))
+    sent[10] = rows_of(60, 1)
+    scheduler.submit(Request(sent[10], answers.responder(10)))
+    now[0] += waited * 1e-6
+    forwards = scheduler.plan(scheduler.admit(scheduler.take()), now[0])
+    assert [(len(f.rows), f.padded_length) for f in forwards] == [(rows, 64)]
+    engine.gate.set()
+    for forward in forwards:
+        scheduler.run(forward)
+    scheduler.settle()
+    while scheduler.queued_rows:
+        scheduler.step()
+    for k, sent_rows in sent.items():
+        assert_answer_matches(answers.by_request[k], sent_rows)
