@@ -475,7 +475,7 @@ class Scheduler:
         """
         most = self.classes.rider_factor * own
         spu = self._seconds_per_unit
-        if spu is None or self._step_forwards != 1:
+        if not spu or self._step_forwards != 1:
             return most
         longest = self.layout.lengths[-1]
         full = self._runs_cost(self.layout.max_rows(longest), longest)
@@ -484,7 +484,10 @@ class Scheduler:
         waited = (now - forward.oldest_arrived_at) / spu
         flying = self.runner.in_flight
         if flying is not None and not self.runner.ran:
-            flying_cost = self.cost.cost(len(flying.rows), flying.padded_length)
+            length = flying.padded_length
+            flying_cost = self.cost.cost(
+                self.layout.run_batch_size(length, len(flying.rows)), length
+            )
             waited += max(0.0, flying_cost - (now - self._submitted_at) / spu)
         return max(most, min(capped, capped + own - waited))
 
