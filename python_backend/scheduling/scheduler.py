@@ -146,7 +146,8 @@ class Scheduler:
         self._unsettled: Ran | None = None  # a forward that has run, taken from the runner
         self._cost_rows: dict[int, tuple[list[float], list[float]]] = {}  # _costs_at
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
-        self._step_forwards = 0  # how many the step planned (_rider_budget)
+        # the step planned one forward and left none of its class queued (_rider_budget)
+        self._alone_in_step = False
         self._submitted_at = 0.0  # clock time the forward in flight was submitted (overlap)
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
@@ -393,10 +394,12 @@ class Scheduler:
         none: a line's head that cannot ride never blocks those behind it). None unless the
         step serves the highest class waiting."""
         self._ride_at = [f.padded_length for f in forwards]
-        self._step_forwards = len(forwards)
+        self._alone_in_step = False
         if not (self._step_is_top and self.policy.riders):
             return []
         with self._cond:
+            own_class = self._queue.lines[self._step_priority - 1]
+            self._alone_in_step = len(forwards) == 1 and own_class.rows == 0
             line = self._queue.below(self._step_priority)
             if line is None or line.measured is None:
                 return []
@@ -468,14 +471,14 @@ class Scheduler:
         about one capped forward for a lower class (``ServiceClasses.wait_s``, at most the
         longest forward): for one running as it came, or for riders in its own. Riders take
         ``rider_factor`` times its rows' cost (``own``) or, where they have waited less (the
-        step's one forward, the engine measured), what they have not: it ends by their
-        arrival plus a capped forward plus their own cost, and runs no longer than a capped
-        forward, so a row coming meanwhile waits one at most. With overlap, what is left of
-        the forward in flight counts as waited (its cost at the measured seconds per unit).
-        """
+        step's one forward, none of its class left queued to wait it too, the engine
+        measured), what they have not: it ends by their arrival plus a capped forward plus
+        their own cost, and runs no longer than a capped forward, so a row coming meanwhile
+        waits one at most. With overlap, what is left of the forward in flight counts as
+        waited (its cost at the measured seconds per unit)."""
         most = self.classes.rider_factor * own
         spu = self._seconds_per_unit
-        if not spu or self._step_forwards != 1:
+        if not spu or not self._alone_in_step:
             return most
         longest = self.layout.lengths[-1]
         full = self._runs_cost(self.layout.max_rows(longest), longest)

@@ -481,21 +481,25 @@ class TimedEngine(FakeChecksumEngine):
 
 
 @pytest.mark.parametrize(
-    ("flying_for", "waited", "rows"),
+    ("flying_for", "waited", "behind", "rows"),
     [
-        (None, 0, 4),  # 1300 units: 1024 + 4 * 64 (1088 by its own rows alone)
-        (None, 1200, 2),  # by 1300 + 1088 - 1200 = 1188 units after it came: 1152
-        (None, 1300, 1),  # waited the capped forward: its own rows' cost, the factor's
-        (0, 0, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280 = 1108
-        (1000, 0, 4),  # 280 units of it left: 1300 again
+        (None, 0, False, 4),  # 1300 units: 1024 + 4 * 64 (1088 by its own rows alone)
+        (None, 1200, False, 2),  # by 1300 + 1088 - 1200 = 1188 units after it came: 1152
+        (None, 1300, False, 1),  # waited the capped forward: its own rows' cost, the factor's
+        (None, 0, True, 1),  # a row of its class queued behind it would wait it too
+        (0, 0, False, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280 = 1108
+        (1000, 0, False, 4),  # 280 units of it left: 1300 again
     ],
 )
-def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(flying_for, waited, rows):
+def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(
+    flying_for, waited, behind, rows
+):
     """With ``rider_factor`` 1 riders never make a forward cost more than its own rows; but an
     interactive row may wait one capped forward (``wait_s``: 1300 units at 1 us a unit), and
     what it did not wait, for the forward in flight (with overlap) or since it came, its own
     forward may spend on riders: it ends by then plus its own rows' cost, never longer than a
-    capped forward. Every row is answered once."""
+    capped forward; not where a row of its class left queued would wait it too. Every row is
+    answered once."""
     now = [0.0]
     cost = LinearCost(1024.0)
     engine = TimedEngine(cost, now)
@@ -525,7 +529,11 @@ def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(flying
     sent[10] = rows_of(60, 1)
     scheduler.submit(Request(sent[10], answers.responder(10)))
     now[0] += waited * 1e-6
-    forwards = scheduler.plan(scheduler.admit(scheduler.take()), now[0])
+    taken = scheduler.take()
+    if behind:
+        sent[11] = rows_of(60, 1, start=700)
+        scheduler.submit(Request(sent[11], answers.responder(11)))
+    forwards = scheduler.plan(scheduler.admit(taken), now[0])
     assert [(len(f.rows), f.padded_length) for f in forwards] == [(rows, 64)]
     engine.gate.set()
     for forward in forwards:
