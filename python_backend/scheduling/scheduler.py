@@ -146,8 +146,7 @@ class Scheduler:
         self._unsettled: Ran | None = None  # a forward that has run, taken from the runner
         self._cost_rows: dict[int, tuple[list[float], list[float]]] = {}  # _costs_at
         self._ride_at: list[int] = []  # the length each of the step's forwards runs at, riders in
-        # the step planned one forward and left none of its class queued (_rider_budget)
-        self._alone_in_step = False
+        self._budgets: list[float] = []  # the cost each may reach with riders (_rider_budget)
         self._submitted_at = 0.0  # clock time the forward in flight was submitted (overlap)
         self._shares: dict[int, float] = {}  # a rider's share of a forward of its own, by length
         self._seen_at = [-float("inf")] * self.classes.classes  # each class's last arrival
@@ -394,12 +393,11 @@ class Scheduler:
         none: a line's head that cannot ride never blocks those behind it). None unless the
         step serves the highest class waiting."""
         self._ride_at = [f.padded_length for f in forwards]
-        self._alone_in_step = False
         if not (self._step_is_top and self.policy.riders):
             return []
         with self._cond:
-            own_class = self._queue.lines[self._step_priority - 1]
-            self._alone_in_step = len(forwards) == 1 and own_class.rows == 0
+            # the step's one forward, none of its class left queued to wait it too
+            alone = len(forwards) == 1 and self._queue.lines[self._step_priority - 1].rows == 0
             line = self._queue.below(self._step_priority)
             if line is None or line.measured is None:
                 return []
@@ -411,10 +409,12 @@ class Scheduler:
         for t in queued:
             sharing = max(1, min(self.layout.max_rows(t), class_rows))
             self._shares[t] = self._costs_at(t)[0][sharing] / sharing
+        self._budgets = [self._rider_budget(f, alone) for f in forwards]
         wanted: Counter[int] = Counter()
         for k, f in enumerate(forwards):
+            most = self._budgets[k]
             _, self._ride_at[k], counts = self._best_fill(
-                f, queued, layout, self._raises(f, layout)
+                f, queued, layout, self._raises(f, layout, most), most
             )
             for t, n in counts.items():
                 queued[t] -= n
@@ -454,31 +454,31 @@ class Scheduler:
         """What a forward of ``rows`` rows at ``length`` costs as the engine runs it."""
         return self._costs_at(length)[1][rows]
 
-    def _raises(self, forward: Forward, layout: PlanLayout) -> list[int]:
+    def _raises(self, forward: Forward, layout: PlanLayout, most: float) -> list[int]:
         """The lengths ``forward`` may run at to take riders: its own, and each longer bucket
-        where one more row keeps it within its rider budget (``_rider_budget``; its own rows
-        padded further, riders of that length none)."""
+        where one more row keeps it within its rider budget ``most`` (its own rows padded
+        further, riders of that length none)."""
         held, length = len(forward.rows), forward.padded_length
-        most = self._rider_budget(forward, self._runs_cost(held, length))
         return [length] + [
             t
             for t in self.layout.lengths
             if t > length and layout.max_rows(t) > held and self._runs_cost(held + 1, t) <= most
         ]
 
-    def _rider_budget(self, forward: Forward, own: float) -> float:
+    def _rider_budget(self, forward: Forward, alone: bool) -> float:
         """The most ``forward`` may cost with riders, in cost units. A higher class's row may wait
         about one capped forward for a lower class (``ServiceClasses.wait_s``, at most the
         longest forward): for one running as it came, or for riders in its own. Riders take
-        ``rider_factor`` times its rows' cost (``own``) or, where they have waited less (the
-        step's one forward, none of its class left queued to wait it too, the engine
+        ``rider_factor`` times its rows' cost or, where they have waited less (``alone``: the
+        step's one forward, none of its class left queued to wait it too; the engine
         measured), what they have not: it ends by their arrival plus a capped forward plus
         their own cost, and runs no longer than a capped forward, so a row coming meanwhile
         waits one at most. With overlap, what is left of the forward in flight counts as
         waited (its cost at the measured seconds per unit)."""
+        own = self._runs_cost(len(forward.rows), forward.padded_length)
         most = self.classes.rider_factor * own
         spu = self._seconds_per_unit
-        if not spu or not self._alone_in_step:
+        if not spu or not alone:
             return most
         longest = self.layout.lengths[-1]
         full = self._runs_cost(self.layout.max_rows(longest), longest)
@@ -495,26 +495,36 @@ class Scheduler:
         return max(most, min(capped, capped + own - waited))
 
     def _best_fill(
-        self, forward: Forward, rows: Mapping[int, int], layout: PlanLayout, lengths: list[int]
+        self,
+        forward: Forward,
+        rows: Mapping[int, int],
+        layout: PlanLayout,
+        lengths: list[int],
+        most: float,
     ) -> tuple[float, int, Counter[int]]:
         """Of ``_fill`` at each of ``lengths``, the one saving most; none where none saves."""
         none: tuple[float, int, Counter[int]] = (0.0, forward.padded_length, Counter())
-        fills = [none] + [self._fill(forward, t, rows, layout) for t in lengths]
+        fills = [none] + [self._fill(forward, t, rows, layout, most) for t in lengths]
         return max(fills, key=lambda fill: fill[0])
 
     def _fill(
-        self, forward: Forward, length: int, rows: Mapping[int, int], layout: PlanLayout
+        self,
+        forward: Forward,
+        length: int,
+        rows: Mapping[int, int],
+        layout: PlanLayout,
+        most: float,
     ) -> tuple[float, int, Counter[int]]:
         """The riders ``forward`` takes run at ``length``, of ``rows`` (how many at each bucket
         length): those of the longest lengths first, each where its tokens there cost less than
         its share of a forward of its own (``_shares``), while the forward, as it runs
-        (``_runs_cost``), stays within its rider budget (``_rider_budget``) and the rows the
-        layout takes; as many as save most (their shares, less what the forward costs more:
+        (``_runs_cost``), stays within its rider budget ``most`` (``_rider_budget``) and the
+        rows the layout takes; as many as save most (their shares, less what the forward costs more:
         a captured batch size passed may cost more than the rows past it save). Returns that
         saving, ``length``, and how many of each length it takes."""
         held = len(forward.rows)
         before = self._runs_cost(held, forward.padded_length)
-        most, room = self._rider_budget(forward, before), layout.max_rows(length)
+        room = layout.max_rows(length)
         cost, runs = self._costs_at(length)
         order: list[int] = []  # the lengths of the rows taken, in turn
         work = best = 0.0
@@ -546,10 +556,10 @@ class Scheduler:
                 if alone in self._shares:  # (a longer row runs in its own class's step)
                     pool.setdefault(alone, []).append(row)
         ridden: list[Forward] = []
-        for f, length in zip(forwards, self._ride_at, strict=True):
+        for f, length, most in zip(forwards, self._ride_at, self._budgets, strict=True):
             available = {t: len(rows) for t, rows in pool.items()}
             lengths = sorted({f.padded_length, length})
-            _, length, counts = self._best_fill(f, available, layout, lengths)
+            _, length, counts = self._best_fill(f, available, layout, lengths, most)
             if not counts:
                 ridden.append(f)
                 continue
