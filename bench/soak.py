@@ -95,8 +95,11 @@ def run_soak(
         rng = random.Random(seed * 1000 + k)
         http, grpc = client(server, "http"), client(server, "grpc")
         in_class = {CLASS_PARAMETER: 2} if k % 2 else {}  # as the check writes `priority`
-        while time.monotonic() < stop_at:
-            kind = rng.random()
+        # Each worker's first request is spread over the mix, so that however slow the machine,
+        # the first round alone sends every kind in proportion; then the mix is drawn.
+        kind: float | None = (k + 0.5) / clients
+        while kind is not None or time.monotonic() < stop_at:
+            kind = rng.random() if kind is None else kind
             protocol = rng.choice(("http", "grpc"))
             c = http if protocol == "http" else grpc
             rows = [rng.randrange(len(texts)) for _ in range(rng.randint(1, 4))]
@@ -145,6 +148,7 @@ def run_soak(
                         )
             except Exception as err:
                 record("valid: ERROR", f"valid request failed: {err}")
+            kind = None
         http.close()
         grpc.close()
 
