@@ -8,8 +8,8 @@ Served: planner_dp on the real Triton forwarding the client header, over gRPC, o
 ``--costs``: ``manifest``, the bench-only emulated engine with this machine's calibrated forward
 times (they sleep as long as the real ones took); a cost table (``table:a30*20``: the derived
 A30 times, 20 times as long, so that the engine and not this machine's CPU saturates); ``real``,
-ONNX Runtime, make serve's engine. The bulk client: 2 connections, each 2048 rows as 32 requests
-of 64 at once, back to back (the 4096-row queue full); the interactive clients: closed loops,
+ONNX Runtime, make serve's engine. The bulk client: 2 connections, each keeping 2048 rows in
+flight as 32 requests of 64, each sent again once answered (the 4096-row queue full); the interactive clients: closed loops,
 one row a request; the bulk client runs in a process of its own (in theirs, its bursts of
 answers would hold their answers back). Phases, alternating rounds: the interactive clients
 alone, the bulk alone, both in one class (round-robin between clients: today without classes),
@@ -135,20 +135,30 @@ class Point:
 async def heavy_connection(
     url: str, model: str, rows: list[np.ndarray], priority: int, peer: bool
 ) -> None:
-    """Sends its rows back to back, in class ``priority``, until cancelled: the project's class
-    parameter (as the body check hands it on), or the peer's own request priority."""
+    """Keeps its rows in flight as requests of ``CHUNK`` rows, each sent again as soon as it is
+    answered (a bulk job's pool of workers), in class ``priority``, until cancelled: the
+    project's class parameter (as the body check hands it on), or the peer's own request
+    priority."""
     client = grpcaio.InferenceServerClient(url)
-    chunks = [id_inputs("grpc", rows[a : a + CHUNK]) for a in range(0, HEAVY_ROWS, CHUNK)]
     headers = {CLIENT_PARAMETER: "heavy"}
     named: dict[str, object] = {"priority": priority} if peer else {}
     if priority > 1 and not peer:
         named["parameters"] = {CLASS_PARAMETER: priority}
-    try:
+
+    async def back_to_back(inputs: list) -> None:
         while True:
-            await asyncio.gather(
-                *(client.infer(model, c, headers=headers, **named) for c in chunks),
-                return_exceptions=True,
+            try:
+                await client.infer(model, inputs, headers=headers, **named)
+            except InferenceServerException:  # refused (the queue full): counted by the server
+                await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.gather(
+            *(
+                back_to_back(id_inputs("grpc", rows[a : a + CHUNK]))
+                for a in range(0, HEAVY_ROWS, CHUNK)
             )
+        )
     finally:
         await client.close()
 
