@@ -274,12 +274,15 @@ class Scheduler:
             waiting = {row.owner.request.client for f in forwards for row in f.rows}
             for k, forward in enumerate(forwards):
                 # a higher class came while the forward before ran: it runs next (a step runs
-                # one forward at least, so a lower class always gets on)
-                if not self.run(forward, yields=k > 0):
+                # one forward at least, so a lower class always gets on, carrying what of the
+                # higher class fits in it)
+                ran = self.run(forward, yields=k > 0)
+                if ran is None:
                     self._requeue_forwards(forwards[k:])
                     if finish_last:
                         self.settle()
                     return forwards[:k]
+                forwards[k] = ran
                 waiting -= {row.owner.request.client for row in forward.rows}
                 # a client with no rows left in this step sent more (once every client of the
                 # step has had a forward: a client sending as fast as it is answered never
@@ -468,13 +471,14 @@ class Scheduler:
     def _rider_budget(self, forward: Forward, alone: bool) -> float:
         """The most ``forward`` may cost with riders, in cost units. A higher class's row may wait
         about one capped forward for a lower class (``ServiceClasses.wait_s``, at most the
-        longest forward): for one running as it came, or for riders in its own. Riders take
-        ``rider_factor`` times its rows' cost or, where they have waited less (``alone``: the
-        step's one forward, none of its class left queued to wait it too; the engine
-        measured), what they have not: it ends by their arrival plus a capped forward plus
-        their own cost, and runs no longer than a capped forward, so a row coming meanwhile
-        waits one at most. With overlap, what is left of the forward in flight counts as
-        waited (its cost at the measured seconds per unit)."""
+        longest forward): for one running as it came, or for riders in its own. Riders make it
+        cost ``rider_factor`` times its rows' cost and, where they have waited less
+        (``alone``: the step's one forward, none of its class left queued to wait it too; the
+        engine measured), take what they have not waited of a capped forward too: it ends by
+        their arrival plus a capped forward plus ``rider_factor`` times their own cost, and
+        runs no longer than a capped forward, so a row coming meanwhile waits one at most.
+        With overlap, what is left of the forward in flight counts as waited (its cost at the
+        measured seconds per unit)."""
         own = self._runs_cost(len(forward.rows), forward.padded_length)
         most = self.classes.rider_factor * own
         spu = self._seconds_per_unit
@@ -492,7 +496,7 @@ class Scheduler:
                 self.layout.run_batch_size(length, len(flying.rows)), length
             )
             waited += max(0.0, flying_cost - (now - self._submitted_at) / spu)
-        return max(most, min(capped, capped + own - waited))
+        return max(most, min(capped, capped + most - waited))
 
     def _best_fill(
         self,
@@ -592,16 +596,17 @@ class Scheduler:
         for row in forward.rows:
             self._served[row.owner.request.priority - 1] += share
 
-    def run(self, forward: Forward, yields: bool = False) -> bool:
+    def run(self, forward: Forward, yields: bool = False) -> Forward | None:
         """Runs one planned forward and completes it; on failure, splits it and runs the parts.
         With ``overlap``, it is padded while the one before it runs, and the one before it is
         completed while it runs: it completes by the next ``run`` or ``settle``. With
         ``yields``, it does not start where a class above the step's comes before the one
-        before it has run (False: that class is planned while it runs, and runs next) or waits
-        once it has (False; the one before is completed)."""
+        before it has run (None: that class is planned while it runs, and runs next) or waits
+        once it has (None; the one before is completed). Without, a higher class waiting when
+        it starts rides in it where it fits (``_carry_latecomers``). Returns the forward as run."""
         inputs = self._inputs(forward)
         if yields and self._outranked_while_running():
-            return False
+            return None
         before = self._unsettled = self.runner.wait()
         if before is not None and before.settled_first:
             self._settle_flown(before)  # its parts first, one at a time, before anything else
@@ -609,7 +614,10 @@ class Scheduler:
         if yields and self._outranked():
             if before is not None:
                 self._settle_flown(before)
-            return False
+            return None
+        carried = self._carry_latecomers(forward)
+        if carried is not forward:
+            forward, inputs = carried, self._inputs(carried)
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
         kept = self._started(forward)
         if kept.rows:
@@ -619,7 +627,49 @@ class Scheduler:
                 self._settle(ran)
         if before is not None:
             self._settle_flown(before)  # while the next one runs
-        return True
+        return forward
+
+    def _carry_latecomers(self, forward: Forward) -> Forward:
+        """``forward`` with the requests that came while the forward before it ran, of the
+        highest class waiting where that is above its step's, each where every row of it fits
+        its length (the first of the clients in turn), at most all but one of the rows the
+        engine takes there: they would wait for it anyway, and a forward of their own after
+        it would cost its fixed cost again. Its last rows make room where it is full; their
+        requests are queued again once no row of theirs is in flight (``_partial``)."""
+        length = forward.padded_length
+        room = most = self.layout.max_rows(length)
+        with self._cond:
+            waiting = self._queue.waiting()
+            if most < 2 or not waiting or waiting[0] >= self._step_priority:
+                return forward
+            room -= 1
+            marked = np.zeros(length + 2, dtype=bool)
+            marked[: length + 1] = True  # the token counts this forward's length holds
+            longest = self.layout.longest_row
+
+            def fits(owner: Admitted) -> int:
+                nonlocal room
+                rows = owner.rows_marked(marked, longest)
+                if not 0 < rows == owner.remaining <= room:
+                    return 0
+                room -= rows
+                return rows
+
+            _, taken = self._queue.take_rows(waiting[0] - 1, room, fits)
+        if not taken:
+            return forward
+        taken.sort(key=lambda owner: owner.arrival)
+        self._riders += taken  # answered with the step's if it fails before they run
+        more = tuple(
+            RowRef(owner, i, len(owner.request.rows[i]))
+            for owner in self.admit(taken)
+            for i in owner.rows_to_run()
+        )
+        keep = min(len(forward.rows), most - len(more))
+        self._partial += list({id(row.owner): row.owner for row in forward.rows[keep:]}.values())
+        return Forward(
+            length, forward.rows[:keep] + more, forward.oldest_arrival, forward.oldest_arrived_at
+        )
 
     def _outranked_while_running(self) -> bool:
         """Waits until the forward in flight has run or a class above the step's has rows

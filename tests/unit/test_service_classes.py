@@ -289,6 +289,55 @@ def test_with_overlap_a_higher_class_is_planned_while_the_lower_forward_runs():
         assert_answer_matches(answers.by_request[k], rows)
 
 
+@pytest.mark.parametrize(
+    "bulk_length, bulk_rows, calls",
+    [
+        # a full forward at 64: its last bulk row makes room, and runs after
+        (60, 8, [(8, 64), (8, 64), (1, 64)]),
+        # room at 32: the short query rides; the long one cannot, and runs alone
+        (20, 4, [(4, 32), (5, 32), (1, 64)]),
+    ],
+)
+def test_a_lower_forward_planned_while_one_ran_carries_the_higher_class_that_came(
+    bulk_length, bulk_rows, calls
+):
+    """With overlap, a bulk step is planned while the forward before it runs; interactive
+    requests that come meanwhile would wait for its first forward anyway: each whose rows fit
+    its length rides in it (a bulk row making room where it is full, run after), the others run
+    in a forward of their own next. Every row runs once, and every answer is its own rows'."""
+    classes = ServiceClasses(wait_s=10.0, recent_s=10.0)
+    answers = Answers()
+    short, long = rows_of(5, 1, start=7), rows_of(40, 1, start=9)
+    queries = [short] if bulk_length == 60 else [short, long]
+    ran: list[set[int]] = []
+
+    def first_forward_brings_queries(ids, mask):
+        ran.append(set(ids[:, 0].tolist()))
+        if len(engine.calls) == 1:  # while the next step is planned and waits for this one
+            time.sleep(0.2)
+            for k, rows in enumerate(queries):
+                scheduler.submit(Request(rows, answers.responder(2 + k), client=f"q{k}"))
+            time.sleep(0.1)
+
+    engine = FakeChecksumEngine(layout(), fail=first_forward_brings_queries)
+    scheduler = scheduler_for(engine, overhead=64.0, classes=classes, overlap=True)
+    first = rows_of(bulk_length, bulk_rows, start=100)
+    second = rows_of(bulk_length, bulk_rows, start=200)
+    scheduler.submit(Request(first, answers.responder(0), client="bulk", priority=2))
+    scheduler.step(finish_last=False)
+    assert scheduler.runner.in_flight is not None
+    scheduler.submit(Request(second, answers.responder(1), client="bulk", priority=2))
+    scheduler.step()
+    while scheduler.queued_rows:
+        scheduler.step()
+    assert engine.calls == calls
+    assert int(short[0][0]) in ran[1], "the short query rode in the bulk step's first forward"
+    if bulk_length == 60:
+        assert len(ran[1] & {200 + k for k in range(8)}) == 7, "one bulk row made room"
+    for k, rows in enumerate([first, second, *queries]):
+        assert_answer_matches(answers.by_request[k], rows)
+
+
 def test_riders_keep_to_the_servers_batch_cap_and_never_cost_more_than_they_save():
     """An interactive forward takes riders up to the server's ``max_batch`` (below the engine's
     64 rows here); and none where the one rider there is would make the engine run a larger
@@ -481,32 +530,34 @@ class TimedEngine(FakeChecksumEngine):
 
 
 @pytest.mark.parametrize(
-    ("flying_for", "waited", "behind", "rows"),
+    ("flying_for", "waited", "behind", "factor", "wait", "rows"),
     [
-        (None, 0, False, 4),  # 1300 units: 1024 + 4 * 64 (1088 by its own rows alone)
-        (None, 1200, False, 2),  # by 1300 + 1088 - 1200 = 1188 units after it came: 1152
-        (None, 1300, False, 1),  # waited the capped forward: its own rows' cost, the factor's
-        (None, 0, True, 1),  # a row of its class queued behind it would wait it too
-        (0, 0, False, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280 = 1108
-        (1000, 0, False, 4),  # 280 units of it left: 1300 again
+        (None, 0, False, 1.0, 1300, 4),  # 1300 units: 1024 + 4 * 64 (1088 by its own rows alone)
+        (None, 1200, False, 1.0, 1300, 2),  # by 1300 + 1088 - 1200 = 1188 units after it came
+        (None, 1300, False, 1.0, 1300, 1),  # waited the capped forward: its own rows' cost
+        (None, 0, True, 1.0, 1300, 1),  # a row of its class queued behind it would wait it too
+        (0, 0, False, 1.0, 1300, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280
+        (1000, 0, False, 1.0, 1300, 4),  # 280 units of it left: 1300 again
+        (None, 1500, False, 1.2, 1500, 4),  # waited it all: the factor's 1305.6 units
+        (None, 1300, False, 1.2, 1500, 7),  # 1500 + 1305.6 - 1300 = 1505.6, capped at 1500
     ],
 )
 def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(
-    flying_for, waited, behind, rows
+    flying_for, waited, behind, factor, wait, rows
 ):
     """With ``rider_factor`` 1 riders never make a forward cost more than its own rows; but an
     interactive row may wait one capped forward (``wait_s``: 1300 units at 1 us a unit), and
     what it did not wait, for the forward in flight (with overlap) or since it came, its own
-    forward may spend on riders: it ends by then plus its own rows' cost, never longer than a
-    capped forward; not where a row of its class left queued would wait it too. Every row is
-    answered once."""
+    forward may spend on riders too: it ends by then plus ``rider_factor`` times its own rows'
+    cost, never longer than a capped forward; not where a row of its class left queued would
+    wait it too. Every row is answered once."""
     now = [0.0]
     cost = LinearCost(1024.0)
     engine = TimedEngine(cost, now)
     scheduler = scheduler_for(
         engine,
         overhead=1024.0,
-        classes=ServiceClasses(wait_s=1300e-6, rider_factor=1.0),
+        classes=ServiceClasses(wait_s=wait * 1e-6, rider_factor=factor),
         clock=lambda: now[0],
         timer=lambda: now[0],
         overlap=flying_for is not None,
