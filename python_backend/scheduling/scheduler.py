@@ -434,6 +434,7 @@ class Scheduler:
 
         with self._cond:
             _, riders = self._queue.take_rows(self._step_priority, wanted.total(), useful)
+            self.metrics.queue_depth(len(self._queue))
         riders.sort(key=lambda owner: owner.arrival)
         self._riders = riders
         return self.admit(riders)
@@ -615,9 +616,7 @@ class Scheduler:
             if before is not None:
                 self._settle_flown(before)
             return None
-        carried = self._carry_latecomers(forward)
-        if carried is not forward:
-            forward, inputs = carried, self._inputs(carried)
+        forward, inputs = self._carry_latecomers(forward, inputs)
         # the hand-off: rows cancelled or past their deadline are dropped before their forward
         kept = self._started(forward)
         if kept.rows:
@@ -629,20 +628,24 @@ class Scheduler:
             self._settle_flown(before)  # while the next one runs
         return forward
 
-    def _carry_latecomers(self, forward: Forward) -> Forward:
-        """``forward`` with the requests that came while the forward before it ran, of the
-        highest class waiting where that is above its step's, each where every row of it fits
-        its length (the first of the clients in turn), at most all but one of the rows the
-        engine takes there: they would wait for it anyway, and a forward of their own after
-        it would cost its fixed cost again. Its last rows make room where it is full; their
-        requests are queued again once no row of theirs is in flight (``_partial``)."""
+    def _carry_latecomers(
+        self, forward: Forward, inputs: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[Forward, tuple[np.ndarray, np.ndarray]]:
+        """``forward`` and its inputs with the requests that came while the forward before it
+        ran, of the highest class waiting where that is above its step's, each where every row
+        of it fits its length (the first of the clients in turn): they would wait for it
+        anyway, and a forward of their own after it would cost its fixed cost again. In a step
+        of the highest class waiting, at most all but one of the rows its layout takes there
+        (capped: about ``wait_s``), its last rows making room where it is full (their requests
+        queued again once no row of theirs is in flight: ``_partial``); in a step serving a
+        starved class (``_pick``), only the room it has left."""
         length = forward.padded_length
-        room = most = self.layout.max_rows(length)
+        most = (self._step_cap or self.layout).max_rows(length)
+        room = most - 1 if self._step_is_top else most - len(forward.rows)
         with self._cond:
             waiting = self._queue.waiting()
-            if most < 2 or not waiting or waiting[0] >= self._step_priority:
-                return forward
-            room -= 1
+            if room <= 0 or not waiting or waiting[0] >= self._step_priority:
+                return forward, inputs
             marked = np.zeros(length + 2, dtype=bool)
             marked[: length + 1] = True  # the token counts this forward's length holds
             longest = self.layout.longest_row
@@ -656,19 +659,31 @@ class Scheduler:
                 return rows
 
             _, taken = self._queue.take_rows(waiting[0] - 1, room, fits)
+            if taken:
+                self.metrics.queue_depth(len(self._queue))
         if not taken:
-            return forward
+            return forward, inputs
         taken.sort(key=lambda owner: owner.arrival)
         self._riders += taken  # answered with the step's if it fails before they run
-        more = tuple(
+        more = [
             RowRef(owner, i, len(owner.request.rows[i]))
             for owner in self.admit(taken)
             for i in owner.rows_to_run()
-        )
+        ]
+        if not more:
+            return forward, inputs
         keep = min(len(forward.rows), most - len(more))
         self._partial += list({id(row.owner): row.owner for row in forward.rows[keep:]}.values())
-        return Forward(
-            length, forward.rows[:keep] + more, forward.oldest_arrival, forward.oldest_arrived_at
+        ids, mask = pad_rows([row.ids for row in more], length, self.pad_token_id)
+        carried = Forward(
+            length,
+            forward.rows[:keep] + tuple(more),
+            forward.oldest_arrival,
+            forward.oldest_arrived_at,
+        )
+        return carried, (
+            np.concatenate([inputs[0][:keep], ids]),
+            np.concatenate([inputs[1][:keep], mask]),
         )
 
     def _outranked_while_running(self) -> bool:

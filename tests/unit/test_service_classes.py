@@ -338,6 +338,38 @@ def test_a_lower_forward_planned_while_one_ran_carries_the_higher_class_that_cam
         assert_answer_matches(answers.by_request[k], rows)
 
 
+@pytest.mark.parametrize("bulk_rows", [8, 5])
+def test_a_starved_class_keeps_its_forward_and_carries_the_higher_class_in_room_left(bulk_rows):
+    """A step serving a class under its share (a higher one waiting) runs its own rows: the
+    higher class's requests ride only in the room its forward has left, never in place of
+    them, and run next otherwise. Every row runs once."""
+    ran: list[set[int]] = []
+
+    def record(ids, mask):
+        ran.append(set(ids[:, 0].tolist()))
+
+    engine = FakeChecksumEngine(layout(), fail=record)
+    classes = ServiceClasses(wait_s=10.0, min_share=0.9)
+    scheduler = scheduler_for(engine, overhead=64.0, classes=classes)
+    answers = Answers()
+    sent = {0: rows_of(60, 1, start=300)}
+    scheduler.submit(Request(sent[0], answers.responder(0)))
+    scheduler.step()  # class 1 has all the engine's recent work
+    sent[1] = rows_of(60, bulk_rows, start=100)
+    scheduler.submit(Request(sent[1], answers.responder(1), client="bulk", priority=2))
+    for k in range(2, 8):
+        sent[k] = rows_of(5, 1, start=10 * k)
+        scheduler.submit(Request(sent[k], answers.responder(k), client=f"q{k}"))
+    scheduler.step()
+    assert engine.calls[1] == (8, 64), "the starved class's forward, filled to the room left"
+    assert {100 + k for k in range(bulk_rows)} <= ran[1], "none of its rows made room"
+    while scheduler.queued_rows:
+        scheduler.step()
+    for k, rows in sent.items():
+        assert_answer_matches(answers.by_request[k], rows)
+    assert sum(b for b, _ in engine.calls) == 1 + bulk_rows + 6, "each row ran once"
+
+
 def test_riders_keep_to_the_servers_batch_cap_and_never_cost_more_than_they_save():
     """An interactive forward takes riders up to the server's ``max_batch`` (below the engine's
     64 rows here); and none where the one rider there is would make the engine run a larger
