@@ -101,7 +101,7 @@ class Settings:
         number_at_least(1.0),
         "about how long a lower class may hold a higher class's row: while a higher class waits or "
         "was seen in the last `class_recent_ms`, a lower class's forwards are capped to about this "
-        "long each, and riders take what a row has not waited of it (on top of `class_rider_factor`)",
+        "long each, and riders take what a row has not waited of it",
     )
     class_recent_ms: float = _setting(
         "1000", number_at_least(0.0), "how recently a higher class was seen for the cap to hold"
@@ -116,7 +116,7 @@ class Settings:
         "2",
         number_at_least(1.0),
         "riders of the next class may make a higher class's forward cost this many times its own, "
-        "however long its rows have waited (and more for what they have not of `class_wait_ms`)",
+        "however long its rows have waited",
     )
 
     def service_classes(self) -> ServiceClasses:

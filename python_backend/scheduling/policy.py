@@ -104,8 +104,8 @@ class ServiceClasses:
     was seen within ``recent_s``, a lower class's forwards are capped so that one holds the
     engine about ``wait_s`` at most (``capped_layout``), the step yields after any forward once
     a higher class waits (its first forward carries those that came while the one before it
-    ran, where they fit: ``Scheduler._carry_latecomers``), and riders make the row's forward
-    cost ``rider_factor`` times its own plus what it has not waited of ``wait_s``
+    ran, where they fit: ``Scheduler._carry_latecomers``), and riders take what the row has not
+    waited of it, or make its forward cost ``rider_factor`` times its own, whichever is more
     (``Scheduler._rider_budget``). A lower
     class with rows waiting whose share of the engine's recent work (cost units, decaying over
     ``share_window_s``) is under ``min_share`` is served first, capped, so no class starves."""

@@ -570,8 +570,8 @@ class TimedEngine(FakeChecksumEngine):
         (None, 0, True, 1.0, 1300, 1),  # a row of its class queued behind it would wait it too
         (0, 0, False, 1.0, 1300, 1),  # a bulk forward of 1280 units ahead: 1300 + 1088 - 1280
         (1000, 0, False, 1.0, 1300, 4),  # 280 units of it left: 1300 again
-        (None, 1500, False, 1.2, 1500, 4),  # waited it all: the factor's 1305.6 units
-        (None, 1300, False, 1.2, 1500, 7),  # 1500 + 1305.6 - 1300 = 1505.6, capped at 1500
+        (None, 1300, False, 1.2, 1500, 4),  # the factor's 1305.6 units, more than 1288
+        (None, 1000, False, 1.2, 1500, 7),  # 1500 + 1088 - 1000 = 1588, capped: 1500, more
     ],
 )
 def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(
@@ -580,9 +580,10 @@ def test_an_interactive_forward_carries_riders_for_the_wait_it_was_spared(
     """With ``rider_factor`` 1 riders never make a forward cost more than its own rows; but an
     interactive row may wait one capped forward (``wait_s``: 1300 units at 1 us a unit), and
     what it did not wait, for the forward in flight (with overlap) or since it came, its own
-    forward may spend on riders too: it ends by then plus ``rider_factor`` times its own rows'
-    cost, never longer than a capped forward; not where a row of its class left queued would
-    wait it too. Every row is answered once."""
+    forward may spend on riders: it ends by then plus its own rows' cost, never longer than a
+    capped forward; not where a row of its class left queued would wait it too. Riders take
+    that or ``rider_factor`` times its own cost, whichever is more. Every row is answered
+    once."""
     now = [0.0]
     cost = LinearCost(1024.0)
     engine = TimedEngine(cost, now)
