@@ -478,8 +478,8 @@ def main() -> int:
             f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); "
             f"interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
             f"interactive beside: {interactive_rows_s:.0f} rows/s, their own work "
-            f"{interactive_rows_s * light_s:.0%} of the engine even in full forwards (the bulk "
-            f"keeps at most the rest); {sum(p.refused for p in points)} refused"
+            f"{interactive_rows_s * light_s:.0%} of the engine even in full forwards; "
+            f"{sum(p.refused for p in points)} refused"
         )
     text = render(
         "fairness",
