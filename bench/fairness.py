@@ -341,12 +341,12 @@ def served(
     )
     rows = request_rows(source / "1")
     # an interactive row's seconds in a full forward at its length: their own work's least cost
-    full = [served_layout.pad_len(len(rows[k])) for k in range(LIGHT_CLIENTS)]
+    lengths = [served_layout.pad_len(len(rows[k])) for k in range(LIGHT_CLIENTS)]
     light_s = float(
         np.mean(
             [
                 forward_s.seconds(served_layout.max_rows(t), t) / served_layout.max_rows(t)
-                for t in full
+                for t in lengths
             ]
         )
     )

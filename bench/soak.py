@@ -97,9 +97,10 @@ def run_soak(
         in_class = {CLASS_PARAMETER: 2} if k % 2 else {}  # as the check writes `priority`
         # Each worker's first request is spread over the mix, so that however slow the machine,
         # the first round alone sends every kind in proportion; then the mix is drawn.
-        kind: float | None = (k + 0.5) / clients
-        while kind is not None or time.monotonic() < stop_at:
-            kind = rng.random() if kind is None else kind
+        first = True
+        while first or time.monotonic() < stop_at:
+            kind = (k + 0.5) / clients if first else rng.random()
+            first = False
             protocol = rng.choice(("http", "grpc"))
             c = http if protocol == "http" else grpc
             rows = [rng.randrange(len(texts)) for _ in range(rng.randint(1, 4))]
@@ -148,7 +149,6 @@ def run_soak(
                         )
             except Exception as err:
                 record("valid: ERROR", f"valid request failed: {err}")
-            kind = None
         http.close()
         grpc.close()
 

@@ -106,9 +106,9 @@ class ServiceClasses:
     a higher class waits (its first forward carries those that came while the one before it
     ran, where they fit: ``Scheduler._carry_latecomers``), and riders take what the row has not
     waited of it, or make its forward cost ``rider_factor`` times its own, whichever is more
-    (``Scheduler._rider_budget``). A lower
-    class with rows waiting whose share of the engine's recent work (cost units, decaying over
-    ``share_window_s``) is under ``min_share`` is served first, capped, so no class starves."""
+    (``Scheduler._rider_budget``). A lower class with rows waiting whose share of the engine's
+    recent work (cost units, decaying over ``share_window_s``) is under ``min_share`` is served
+    first, capped, so no class starves."""
 
     classes: int = 2
     wait_s: float = 0.05

@@ -641,6 +641,8 @@ class Scheduler:
         (capped: about ``wait_s``), its last rows making room where it is full (their requests
         queued again once no row of theirs is in flight: ``_partial``); in a step serving a
         starved class (``_pick``), only the room it has left."""
+        if self._step_priority == 1:  # no class above it: the lock is not taken
+            return forward, inputs
         length = forward.padded_length
         most = (self._step_cap or self.layout).max_rows(length)
         room = most - 1 if self._step_is_top else most - len(forward.rows)
