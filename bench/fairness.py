@@ -18,7 +18,8 @@ measured per phase.
 
 Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
 tables for the project's planner with and without classes, Triton's dynamic batcher with
-priority levels, and a FIFO token-budget batcher (text-embeddings-inference's)."""
+priority levels, and a FIFO token-budget batcher (text-embeddings-inference's); each step
+planned while the forward before it runs, as served on a GPU (``overlap``)."""
 
 from __future__ import annotations
 
@@ -82,10 +83,11 @@ SIM_ROUND_TRIP_US = 1000.0
 SIM_SEEDS = (0, 1, 2)
 # (label, simulator policy, the bulk's class, class_wait_ms or None for --class-wait-ms): in
 # class 2, the project's classes for the planner (and with the wait a GPU deployment might set:
-# about 0.4 of the longest forward, GPU_WAIT_MS); for Triton's priority levels, strict priority
-# (no cap, no share)
+# 0.4-0.45 of the longest forward, GPU_WAIT_MS); for Triton's priority levels, strict priority
+# (no cap, no share). Every policy runs overlapped, as on a GPU: a step planned while the
+# forward before it runs
 STRICT = ServiceClasses(wait_s=1e9, min_share=0.0)
-GPU_WAIT_MS = {"a100": 1.0, "a30": 2.0}
+GPU_WAIT_MS = {"a100": 1.2, "a30": 2.0}
 SIM_POLICIES: list[tuple[str, str, int, dict[str, float] | None]] = [
     ("planner, classes", "dp", 2, None),
     ("planner, classes, GPU wait", "dp", 2, GPU_WAIT_MS),
@@ -409,6 +411,7 @@ def simulated(wait_ms: float, rider_factor: float) -> str:
                     round_trip_us=SIM_ROUND_TRIP_US,
                     classes=classes,
                     seed=seed,
+                    overlap=True,
                 )
                 alone = run(concurrency=LIGHT_CLIENTS)
                 both = run(concurrency=LIGHT_CLIENTS, beside=bulk)

@@ -16,7 +16,8 @@ from bench.sim.policies import make_policy
 from python_backend.common.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
 from python_backend.scheduling.policy import ServiceClasses
-from python_backend.scheduling.records import Answer, Request
+from python_backend.scheduling.records import Answer, Forward, Request
+from python_backend.scheduling.runners import Ran
 from python_backend.scheduling.scheduler import Scheduler
 
 # -- the simulation -----------------------------------------------------------------------------
@@ -50,16 +51,75 @@ class TimedEngine:
         # (rows, padded length, real tokens, when it finished, how long it took)
         self.forwards: list[tuple[int, int, int, float, float]] = []
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        rows, length = input_ids.shape
+    def seconds(self, rows: int, length: int) -> float:
+        """How long a forward of this shape takes."""
         if rows > self.layout.max_rows(length):
             raise ValueError(f"{rows} rows at {length} tokens: more than the layout's cap")
         ran = self.layout.run_batch_size(length, rows)  # a captured size, where graphs exist
-        took = self.table.seconds(ran, length) + rows * self.server_s_per_row
+        return self.table.seconds(ran, length) + rows * self.server_s_per_row
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        rows, length = input_ids.shape
+        took = self.seconds(rows, length)
         self.clock.now += took
         self.forwards.append((rows, length, int(attention_mask.sum()), self.clock.now, took))
         self.arrive()
         return np.zeros((rows, 1), dtype=np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+class OverlappedTimedRunner:
+    """The served loop's overlap (``overlap_forwards``) on the virtual clock: ``submit`` returns
+    at once and the scheduler plans the next step meanwhile, from what had come by then; the
+    forward ends at its table time, and waiting for it moves the clock there, the requests
+    arriving on the way submitted each at its time (``next_arrival``, ``arrive``)."""
+
+    overlaps = True
+
+    def __init__(self, engine: TimedEngine, next_arrival: Callable[[], float]) -> None:
+        self.engine, self.clock, self.next_arrival = engine, engine.clock, next_arrival
+        self._flight: tuple[Forward, int, float, float] | None = None  # real tokens, end, took
+
+    @property
+    def in_flight(self) -> Forward | None:
+        return None if self._flight is None else self._flight[0]
+
+    @property
+    def ran(self) -> bool:
+        return self._flight is None or self.clock.now >= self._flight[2]
+
+    def submit(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran | None:
+        assert self._flight is None, "one forward in flight at a time"
+        took = self.engine.seconds(*ids.shape)
+        self._flight = (forward, int(mask.sum()), self.clock.now + took, took)
+        return None
+
+    def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
+        self.submit(forward, ids, mask)
+        ran = self.wait()
+        assert ran is not None
+        return ran
+
+    def wait(self) -> Ran | None:
+        if self._flight is None:
+            return None
+        forward, real, end, took = self._flight
+        self._flight = None
+        self.clock.now = max(self.clock.now, end)
+        self.engine.arrive()
+        self.engine.forwards.append((len(forward.rows), forward.padded_length, real, end, took))
+        rows = len(forward.rows)
+        return Ran(forward, np.zeros((rows, 1), np.float32), None, took, np.ones(rows, bool))
+
+    def wait_until(self, cond: object, other: Callable[[], bool]) -> None:
+        """The clock moves from arrival to arrival, each submitted, until ``other`` holds or
+        the forward in flight has run."""
+        while not (self.ran or other()):
+            assert self._flight is not None
+            self.clock.now = min(self._flight[2], max(self.clock.now, self.next_arrival()))
+            self.engine.arrive()
 
     def close(self) -> None:
         pass
@@ -131,13 +191,16 @@ def simulate(
     client: str = "",
     beside: Load | None = None,
     classes: ServiceClasses | None = None,
+    overlap: bool = False,
 ) -> Result:
     """One run; exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop, rows/s)
     is set. Each request holds ``rows_per_request`` rows, each of its own length; latencies are
     per request. The requests are in class ``priority`` of ``classes`` from client ``client``;
     ``beside``: a second load at the same time (its figures in the result's ``beside``). ``server_us_per_row`` is the server's own time per row at that many rows per
     request (it is mostly per request: `server_time_per_row` measures it at the same size).
-    Forwards run on the table's layout: its buckets, its caps, its captured sizes."""
+    Forwards run on the table's layout: its buckets, its caps, its captured sizes. With
+    ``overlap``, as a GPU deployment serves (``overlap_forwards``): each step is planned while
+    the forward before it runs (``OverlappedTimedRunner``); without, after it has ended."""
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency and rate")
     if rows_per_request < 1:
@@ -145,6 +208,8 @@ def simulate(
     clock = VirtualClock()
     layout = table.layout
     engine = TimedEngine(layout, table, clock, server_us_per_row / 1e6, lambda: submit_due())
+    arrivals: list[tuple[float, int, int]] = []  # (time, sequence, load)
+    runner = OverlappedTimedRunner(engine, lambda: arrivals[0][0] if arrivals else math.inf)
     # the planner's cost model: the table's own fixed cost in tokens, as calibration would find it
     scheduler = Scheduler(
         engine,
@@ -156,6 +221,7 @@ def simulate(
         clock=clock,
         classes=classes,
         timer=clock,
+        runner=runner if overlap else None,
     )
     rng = np.random.default_rng(seed)
     result = Result(policy, seconds, rows_per_request=rows_per_request)
@@ -164,7 +230,6 @@ def simulate(
     if beside is not None:
         result.beside = Result(policy, seconds, rows_per_request=beside.rows)
         loads.append((beside.rows, beside.priority, beside.client, result.beside))
-    arrivals: list[tuple[float, int, int]] = []  # (time, sequence, load)
     sequence = 0
 
     end = warmup_s + seconds
@@ -205,7 +270,6 @@ def simulate(
             t += rng.exponential(burst * rows_per_request / rate)
             for _ in range(burst):
                 arrive_at(t)
-    forwards_seen = 0
 
     @functools.cache
     def row_of_length(n: int) -> np.ndarray:
@@ -227,19 +291,32 @@ def simulate(
             scheduler.submit(Request(request_rows, respond, client=client, priority=priority))
             clock.now = now
 
+    forwards_seen = 0
+
+    def account() -> None:
+        nonlocal forwards_seen
+        for rows, length, real, finished, took in engine.forwards[forwards_seen:]:
+            if measured(finished):
+                result.busy_s += took
+                result.forwards += 1
+                result.real_tokens += real
+                result.padded_tokens += rows * length
+        forwards_seen = len(engine.forwards)
+
     while clock.now < end:
         submit_due()
         wake = scheduler.wake_at
         if scheduler.queued_rows and (wake is None or clock.now >= wake):
-            if not scheduler.step(clock.now) and (scheduler.wake_at or math.inf) <= clock.now:
+            if (
+                not scheduler.step(clock.now, finish_last=not overlap)
+                and (scheduler.wake_at or math.inf) <= clock.now
+            ):
                 raise RuntimeError(f"policy {policy} waits for a time already past")
-            for rows, length, real, finished, took in engine.forwards[forwards_seen:]:
-                if measured(finished):
-                    result.busy_s += took
-                    result.forwards += 1
-                    result.real_tokens += real
-                    result.padded_tokens += rows * length
-            forwards_seen = len(engine.forwards)
+            account()
+            continue
+        if overlap and runner.in_flight is not None:  # nothing to plan while it runs
+            scheduler.settle()
+            account()
             continue
         upcoming = [arrivals[0][0]] if arrivals else []
         if scheduler.queued_rows and wake is not None:

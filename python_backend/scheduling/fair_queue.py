@@ -241,10 +241,9 @@ class ClassedQueue(Generic[T]):
         quantum_rows: int,
         measure: Callable[[T], np.ndarray] | None = None,
     ) -> None:
-        """``measure``: kept for every class below the first (those whose rows ride)."""
-        self.lines = [
-            FairQueue[T](max_rows, quantum_rows, measure if k else None) for k in range(classes)
-        ]
+        """``measure``: kept for every class (the rows of those below the first ride; those of
+        the classes above a step's are carried)."""
+        self.lines = [FairQueue[T](max_rows, quantum_rows, measure) for _ in range(classes)]
 
     def __len__(self) -> int:
         return sum(line.rows for line in self.lines)

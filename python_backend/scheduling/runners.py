@@ -92,6 +92,10 @@ class Runner(Protocol):
     def ran(self) -> bool:
         """Whether ``wait`` returns at once: the forward in flight has run, or none is."""
 
+    def wait_until(self, cond: threading.Condition, other: Callable[[], bool]) -> None:
+        """Holding ``cond`` (notified as a forward has run and as a request comes), returns once
+        the forward in flight has run or ``other`` holds."""
+
     def close(self) -> None:
         """After the last forward: ends the engine thread, if one runs."""
 
@@ -112,6 +116,9 @@ class InlineRunner:
 
     def wait(self) -> Ran | None:
         return None
+
+    def wait_until(self, cond: threading.Condition, other: Callable[[], bool]) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -165,6 +172,9 @@ class OverlappedRunner:
             return None
         self._in_flight = None
         return self._ran.get()
+
+    def wait_until(self, cond: threading.Condition, other: Callable[[], bool]) -> None:
+        cond.wait_for(lambda: self.ran or other())
 
     def close(self) -> None:
         self._jobs.put(None)

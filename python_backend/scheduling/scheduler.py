@@ -44,7 +44,7 @@ import numpy as np
 from python_backend.common.contract import MAX_ROWS_PER_REQUEST, Reason, ServeError
 from python_backend.common.cost_models import CostModel, cost_row
 from python_backend.engines.base import BucketLayout, Engine, pad_rows
-from python_backend.scheduling.fair_queue import ClassedQueue
+from python_backend.scheduling.fair_queue import ClassedQueue, FairQueue
 from python_backend.scheduling.planner import Group, PlanLayout, per_bucket_cost, plan_cost
 from python_backend.scheduling.policy import (
     BudgetLayout,
@@ -55,7 +55,7 @@ from python_backend.scheduling.policy import (
     policy_named,
 )
 from python_backend.scheduling.records import Admitted, Answer, Forward, Outcome, Request, RowRef
-from python_backend.scheduling.runners import Ran, finite_rows, runner_for
+from python_backend.scheduling.runners import Ran, Runner, finite_rows, runner_for
 
 IDLE_WAKE_S = 0.25  # how often an idle scheduler thread wakes to publish metrics
 
@@ -113,6 +113,7 @@ class Scheduler:
         vocab_size: int | None = None,
         classes: ServiceClasses | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        runner: Runner | None = None,
     ) -> None:
         self.engine = engine
         self.log = log  # what went wrong with the engine's outputs, for the operator
@@ -172,8 +173,9 @@ class Scheduler:
         # checked against ``vocab_size`` again before each forward (a queue owner's fronts
         # decoded them; an id past the vocabulary fails its row alone, through the split below,
         # never the forward)
-        # forwards are timed with ``timer`` (the simulator's: its virtual clock)
-        self.runner = runner_for(engine, vocab_size, overlap, timer, self._ran_one)
+        # forwards are timed with ``timer``; ``runner``: one of the caller's (the simulator's,
+        # on its virtual clock) in place of ``overlap``'s
+        self.runner = runner or runner_for(engine, vocab_size, overlap, timer, self._ran_one)
 
     # -- the handle Triton's execute uses -------------------------------------------------------
 
@@ -644,11 +646,16 @@ class Scheduler:
         if self._step_priority == 1:  # no class above it: the lock is not taken
             return forward, inputs
         length = forward.padded_length
-        most = (self._step_cap or self.layout).max_rows(length)
-        room = most - 1 if self._step_is_top else most - len(forward.rows)
+        layout = self._step_cap or self.layout
         with self._cond:
             waiting = self._queue.waiting()
-            if room <= 0 or not waiting or waiting[0] >= self._step_priority:
+            if not waiting or waiting[0] >= self._step_priority:
+                return forward, inputs
+            if self._step_is_top:
+                length = self._carrying_length(forward, self._queue.lines[waiting[0] - 1])
+            most = layout.max_rows(length)
+            room = most - 1 if self._step_is_top else most - len(forward.rows)
+            if room <= 0:
                 return forward, inputs
             marked = np.zeros(length + 2, dtype=bool)
             marked[: length + 1] = True  # the token counts this forward's length holds
@@ -678,6 +685,8 @@ class Scheduler:
             return forward, inputs
         keep = min(len(forward.rows), most - len(more))
         self._partial += list({id(row.owner): row.owner for row in forward.rows[keep:]}.values())
+        if length > forward.padded_length:  # raised: its rows padded further
+            inputs = pad_rows([row.ids for row in forward.rows[:keep]], length, self.pad_token_id)
         ids, mask = pad_rows([row.ids for row in more], length, self.pad_token_id)
         carried = Forward(
             length,
@@ -690,13 +699,34 @@ class Scheduler:
             np.concatenate([inputs[1][:keep], mask]),
         )
 
+    def _carrying_length(self, forward: Forward, line: FairQueue[Admitted]) -> int:
+        """The length ``forward`` carries the higher class's ``line`` at: its own, or the
+        longest bucket that class's rows need, where running it there with them (its last rows
+        making room, each to run later at its share of a full forward) costs less than it as
+        planned and their own forward after it. Under the lock."""
+        length, lengths = forward.padded_length, self.layout.lengths
+        if line.measured is None or length > lengths[-1]:
+            return length
+        needed = np.flatnonzero(line.measured[: len(lengths)])
+        if not needed.size or lengths[needed[-1]] <= length:
+            return length
+        raised = lengths[needed[-1]]
+        most = (self._step_cap or self.layout).max_rows(raised)
+        carried, held = min(line.rows, most - 1), len(forward.rows)
+        if carried <= 0:
+            return length
+        kept = min(held, most - carried)
+        full = self.layout.max_rows(length)
+        share = self._runs_cost(full, length) / full
+        planned = self._runs_cost(held, length) + self._runs_cost(carried, raised)
+        raised_cost = self._runs_cost(kept + carried, raised) + (held - kept) * share
+        return raised if raised_cost <= planned else length
+
     def _outranked_while_running(self) -> bool:
         """Waits until the forward in flight has run or a class above the step's has rows
         queued, whichever comes first: True for the second (the forward still runs)."""
         with self._cond:
-            self._cond.wait_for(
-                lambda: self.runner.ran or self._queue.higher_than(self._step_priority)
-            )
+            self.runner.wait_until(self._cond, lambda: self._queue.higher_than(self._step_priority))
             return not self.runner.ran
 
     def _ran_one(self) -> None:

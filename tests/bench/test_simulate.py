@@ -170,3 +170,72 @@ def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead():
             requests_s = len(load.latencies_s) / load.seconds
             assert requests_s * float(np.mean(load.latencies_s)) == pytest.approx(clients, rel=0.1)
     assert runs[2].percentile_ms(99) < runs[1].percentile_ms(99) / 2
+
+
+def test_with_overlap_a_step_is_planned_while_the_forward_before_runs():
+    """The simulator's overlap, as a GPU deployment serves: a step returns with its forward in
+    flight; the next one, waiting for it, moves the clock to the next arrival, not past it, so
+    an interactive request coming mid-forward ends the bulk step there, and its forward starts
+    as the bulk one ends. The bulk request is answered once, after."""
+    import math
+
+    from bench.sim.run import OverlappedTimedRunner, TimedEngine, VirtualClock
+    from python_backend.common.cost_models import LinearCost
+    from python_backend.scheduling.policy import ServiceClasses
+    from python_backend.scheduling.records import Request
+    from python_backend.scheduling.scheduler import Scheduler
+
+    table = linear_table(1.0, 1.0)  # 1 ms a forward, 1 us a padded token
+    clock = VirtualClock()
+    arrivals: list[tuple[float, Request]] = []
+    answered: dict[str, list[float]] = {}
+
+    def arrive() -> None:
+        while arrivals and arrivals[0][0] <= clock.now:
+            t, request = arrivals.pop(0)
+            now, clock.now = clock.now, t
+            scheduler.submit(request)
+            clock.now = now
+
+    def request(name: str, lengths: list[int], priority: int) -> Request:
+        rows = [np.ones(n, np.int64) for n in lengths]
+        return Request(
+            rows,
+            lambda _: answered.setdefault(name, []).append(clock.now),
+            client=name,
+            priority=priority,
+        )
+
+    engine = TimedEngine(table.layout, table, clock, 0.0, arrive)
+    runner = OverlappedTimedRunner(engine, lambda: arrivals[0][0] if arrivals else math.inf)
+    scheduler = Scheduler(
+        engine,
+        0,
+        LinearCost(table.fixed_tokens),
+        table.layout.max_batch,
+        10**9,
+        classes=ServiceClasses(wait_s=1.0),
+        clock=clock,
+        timer=clock,
+        runner=runner,
+    )
+    # two bulk forwards (8 rows at 256, then 8 at 16); a query comes 1 ms into the first
+    scheduler.submit(request("bulk", [200] * 8 + [10] * 8, priority=2))
+    arrivals.append((1e-3, request("query", [10], priority=1)))
+    first = table.seconds(8, 256)
+    scheduler.step(clock.now, finish_last=False)
+    assert runner.in_flight is not None and len(runner.in_flight.rows) == 8
+    assert clock.now == pytest.approx(1e-3), "the clock stopped at the query's arrival"
+    scheduler.step(clock.now, finish_last=False)
+    scheduler.settle()
+    ran = engine.forwards
+    assert ran[0][3] == pytest.approx(first) and ran[1][3] - ran[1][4] == pytest.approx(first)
+    assert answered["query"] == [pytest.approx(ran[1][3])], (
+        "its forward started as the bulk's ended"
+    )
+    while scheduler.queued_rows:
+        scheduler.step(clock.now, finish_last=False)
+        scheduler.settle()
+    assert len(answered["bulk"]) == 1 and answered["bulk"][0] > answered["query"][0]
+    starts = [end - took for *_, end, took in ran]
+    assert all(b >= a for a, b in zip([end for *_, end, _ in ran], starts[1:], strict=False))

@@ -290,21 +290,25 @@ def test_with_overlap_a_higher_class_is_planned_while_the_lower_forward_runs():
 
 
 @pytest.mark.parametrize(
-    "bulk_length, bulk_rows, calls",
+    "bulk_length, bulk_rows, overhead, calls",
     [
         # a full forward at 64: its last bulk row makes room, and runs after
-        (60, 8, [(8, 64), (8, 64), (1, 64)]),
-        # room at 32: the short query rides; the long one cannot, and runs alone
-        (20, 4, [(4, 32), (5, 32), (1, 64)]),
+        (60, 8, 64.0, [(8, 64), (8, 64), (1, 64)]),
+        # room at 32: the short query rides; the long one's own forward costs less than the
+        # bulk rows padded to 64 with it: it runs alone next
+        (20, 4, 64.0, [(4, 32), (5, 32), (1, 64)]),
+        # a forward's fixed cost larger than that padding: the bulk forward runs at 64 with both
+        (20, 4, 1000.0, [(4, 32), (6, 64)]),
     ],
 )
 def test_a_lower_forward_planned_while_one_ran_carries_the_higher_class_that_came(
-    bulk_length, bulk_rows, calls
+    bulk_length, bulk_rows, overhead, calls
 ):
     """With overlap, a bulk step is planned while the forward before it runs; interactive
     requests that come meanwhile would wait for its first forward anyway: each whose rows fit
-    its length rides in it (a bulk row making room where it is full, run after), the others run
-    in a forward of their own next. Every row runs once, and every answer is its own rows'."""
+    its length rides in it (a bulk row making room where it is full, run after); where a row is
+    longer, the forward runs at its length if that costs less than a forward of its own after,
+    else it runs in one next. Every row runs once, and every answer is its own rows'."""
     classes = ServiceClasses(wait_s=10.0, recent_s=10.0)
     answers = Answers()
     short, long = rows_of(5, 1, start=7), rows_of(40, 1, start=9)
@@ -320,7 +324,7 @@ def test_a_lower_forward_planned_while_one_ran_carries_the_higher_class_that_cam
             time.sleep(0.1)
 
     engine = FakeChecksumEngine(layout(), fail=first_forward_brings_queries)
-    scheduler = scheduler_for(engine, overhead=64.0, classes=classes, overlap=True)
+    scheduler = scheduler_for(engine, overhead=overhead, classes=classes, overlap=True)
     first = rows_of(bulk_length, bulk_rows, start=100)
     second = rows_of(bulk_length, bulk_rows, start=200)
     scheduler.submit(Request(first, answers.responder(0), client="bulk", priority=2))
