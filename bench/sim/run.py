@@ -307,9 +307,12 @@ def simulate(
         submit_due()
         wake = scheduler.wake_at
         if scheduler.queued_rows and (wake is None or clock.now >= wake):
+            # (overlapped, a waiting policy's plan settles the forward in flight first: the
+            # clock may pass the time it waits for, and the loop plans again at once)
+            now = clock.now
             if (
-                not scheduler.step(clock.now, finish_last=not overlap)
-                and (scheduler.wake_at or math.inf) <= clock.now
+                not scheduler.step(now, finish_last=not overlap)
+                and (scheduler.wake_at or math.inf) <= now
             ):
                 raise RuntimeError(f"policy {policy} waits for a time already past")
             account()

@@ -241,9 +241,10 @@ class ClassedQueue(Generic[T]):
         quantum_rows: int,
         measure: Callable[[T], np.ndarray] | None = None,
     ) -> None:
-        """``measure``: kept for every class (the rows of those below the first ride; those of
-        the classes above a step's are carried)."""
-        self.lines = [FairQueue[T](max_rows, quantum_rows, measure) for _ in range(classes)]
+        """``measure``: kept for every class where there are several (the rows of those below
+        the first ride; those of the classes above a step's are carried)."""
+        kept = measure if classes > 1 else None
+        self.lines = [FairQueue[T](max_rows, quantum_rows, kept) for _ in range(classes)]
 
     def __len__(self) -> int:
         return sum(line.rows for line in self.lines)

@@ -32,6 +32,7 @@ retried. A row that fails alone fails its request with the cause; every other re
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import queue
 import threading
@@ -173,8 +174,8 @@ class Scheduler:
         # checked against ``vocab_size`` again before each forward (a queue owner's fronts
         # decoded them; an id past the vocabulary fails its row alone, through the split below,
         # never the forward)
-        # forwards are timed with ``timer``; ``runner``: one of the caller's (the simulator's,
-        # on its virtual clock) in place of ``overlap``'s
+        # forwards are timed with ``timer``; ``runner``: one of the caller's in place of
+        # ``overlap``'s, on the scheduler's own thread (the simulator's, on its virtual clock)
         self.runner = runner or runner_for(engine, vocab_size, overlap, timer, self._ran_one)
 
     # -- the handle Triton's execute uses -------------------------------------------------------
@@ -643,7 +644,7 @@ class Scheduler:
         (capped: about ``wait_s``), its last rows making room where it is full (their requests
         queued again once no row of theirs is in flight: ``_partial``); in a step serving a
         starved class (``_pick``), only the room it has left."""
-        if self._step_priority == 1:  # no class above it: the lock is not taken
+        if self._step_priority == 1 or not self.policy.riders:  # (a peer's: never carries)
             return forward, inputs
         length = forward.padded_length
         layout = self._step_cap or self.layout
@@ -683,9 +684,12 @@ class Scheduler:
         ]
         if not more:
             return forward, inputs
+        # raised: at the length the rows carried need (a longer request may not have come along)
+        length = max(forward.padded_length, *(self.layout.pad_len(row.num_tokens) for row in more))
+        most = layout.max_rows(length)
         keep = min(len(forward.rows), most - len(more))
         self._partial += list({id(row.owner): row.owner for row in forward.rows[keep:]}.values())
-        if length > forward.padded_length:  # raised: its rows padded further
+        if length > forward.padded_length:  # its rows padded further
             inputs = pad_rows([row.ids for row in forward.rows[:keep]], length, self.pad_token_id)
         ids, mask = pad_rows([row.ids for row in more], length, self.pad_token_id)
         carried = Forward(
@@ -701,26 +705,34 @@ class Scheduler:
 
     def _carrying_length(self, forward: Forward, line: FairQueue[Admitted]) -> int:
         """The length ``forward`` carries the higher class's ``line`` at: its own, or the
-        longest bucket that class's rows need, where running it there with them (its last rows
-        making room, each to run later at its share of a full forward) costs less than it as
-        planned and their own forward after it. Under the lock."""
+        longest bucket that class's rows need, where running it there with them all costs less
+        than carrying those that fit its length and running the others in a forward of their
+        own after it (the rows it leaves to make room run later, each at its share of a full
+        forward). Under the lock."""
         length, lengths = forward.padded_length, self.layout.lengths
         if line.measured is None or length > lengths[-1]:
             return length
-        needed = np.flatnonzero(line.measured[: len(lengths)])
+        counts = line.measured[: len(lengths)]
+        needed = np.flatnonzero(counts)
         if not needed.size or lengths[needed[-1]] <= length:
             return length
-        raised = lengths[needed[-1]]
-        most = (self._step_cap or self.layout).max_rows(raised)
-        carried, held = min(line.rows, most - 1), len(forward.rows)
-        if carried <= 0:
-            return length
-        kept = min(held, most - carried)
+        raised, layout = lengths[needed[-1]], self._step_cap or self.layout
+        fitting = bisect.bisect_right(lengths, length)
+        short, longer = int(counts[:fitting].sum()), int(counts[fitting:].sum())
         full = self.layout.max_rows(length)
         share = self._runs_cost(full, length) / full
-        planned = self._runs_cost(held, length) + self._runs_cost(carried, raised)
-        raised_cost = self._runs_cost(kept + carried, raised) + (held - kept) * share
-        return raised if raised_cost <= planned else length
+
+        def carrying(rows: int, at: int) -> float:
+            """The forward at ``at`` with ``rows`` carried, and the rows it leaves."""
+            most = layout.max_rows(at)
+            carried = min(rows, most - 1)
+            kept = min(len(forward.rows), most - carried)
+            return self._runs_cost(kept + carried, at) + (len(forward.rows) - kept) * share
+
+        planned = carrying(short, length) + self._runs_cost(
+            min(longer, self.layout.max_rows(raised)), raised
+        )
+        return raised if carrying(short + longer, raised) <= planned else length
 
     def _outranked_while_running(self) -> bool:
         """Waits until the forward in flight has run or a class above the step's has rows

@@ -145,9 +145,14 @@ def test_a_table_plans_with_its_own_layout_and_charges_the_size_that_runs():
     assert clock.now == pytest.approx(layout.run_batch_size(bucket.length, 3) * bucket.length)
 
 
-def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead():
+@pytest.mark.parametrize(
+    "policy, overlap", [("dp", False), ("dp", True), ("dynamic_batcher", True)]
+)
+def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead(policy, overlap):
     """Interactive clients beside bulk connections: each load obeys Little's law on its own,
-    and with the bulk in class 2 the interactive rows wait less than in one class."""
+    and with the bulk in class 2 the interactive rows wait less than in one class. Overlapped,
+    a policy that waits (the dynamic batcher's delay) may find its time passed once the forward
+    in flight has run, and plans then."""
     from bench.sim.run import Load
     from python_backend.scheduling.policy import ServiceClasses
 
@@ -156,11 +161,12 @@ def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead():
         bulk_class: simulate(
             LENGTHS,
             table,
-            "dp",
+            policy,
             concurrency=2,
             seconds=2,
             beside=Load(8, 16, bulk_class, "bulk"),
             classes=ServiceClasses(),
+            overlap=overlap,
         )
         for bulk_class in (1, 2)
     }
@@ -169,7 +175,8 @@ def test_a_load_beside_another_is_answered_and_classes_serve_the_first_ahead():
         for load, clients in ((r, 2), (r.beside, 8)):
             requests_s = len(load.latencies_s) / load.seconds
             assert requests_s * float(np.mean(load.latencies_s)) == pytest.approx(clients, rel=0.1)
-    assert runs[2].percentile_ms(99) < runs[1].percentile_ms(99) / 2
+    if policy == "dp":  # (overlapped, the forward in flight is waited out: within the bound)
+        assert runs[2].percentile_ms(99) < runs[1].percentile_ms(99) / (1.25 if overlap else 2)
 
 
 def test_with_overlap_a_step_is_planned_while_the_forward_before_runs():
