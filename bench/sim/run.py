@@ -17,7 +17,7 @@ from python_backend.common.cost_models import LinearCost
 from python_backend.engines.base import BucketLayout
 from python_backend.scheduling.policy import ServiceClasses
 from python_backend.scheduling.records import Answer, Forward, Request
-from python_backend.scheduling.runners import Ran
+from python_backend.scheduling.runners import Ran, Runner
 from python_backend.scheduling.scheduler import Scheduler
 
 # -- the simulation -----------------------------------------------------------------------------
@@ -70,7 +70,7 @@ class TimedEngine:
         pass
 
 
-class OverlappedTimedRunner:
+class OverlappedTimedRunner(Runner):
     """The served loop's overlap (``overlap_forwards``) on the virtual clock: ``submit`` returns
     at once and the scheduler plans the next step meanwhile, from what had come by then; the
     forward ends at its table time, and waiting for it moves the clock there, the requests
@@ -95,12 +95,6 @@ class OverlappedTimedRunner:
         took = self.engine.seconds(*ids.shape)
         self._flight = (forward, int(mask.sum()), self.clock.now + took, took)
         return None
-
-    def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
-        self.submit(forward, ids, mask)
-        ran = self.wait()
-        assert ran is not None
-        return ran
 
     def wait(self) -> Ran | None:
         if self._flight is None:

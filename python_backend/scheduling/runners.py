@@ -79,7 +79,11 @@ class Runner(Protocol):
         here, or None where it runs on (``wait`` returns it)."""
 
     def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
-        """Runs the forward and returns it run (nothing may be in flight)."""
+        """Runs the forward and returns it run (nothing may be in flight): by default, submits
+        it and waits for it."""
+        ran = self.submit(forward, ids, mask) or self.wait()
+        assert ran is not None
+        return ran
 
     def wait(self) -> Ran | None:
         """The forward in flight once it has run; None when none is."""
@@ -124,7 +128,7 @@ class InlineRunner:
         pass
 
 
-class OverlappedRunner:
+class OverlappedRunner(Runner):
     overlaps = True
 
     def __init__(
@@ -160,12 +164,6 @@ class OverlappedRunner:
         self._jobs.put((forward, ids, mask))
         self._in_flight = forward
         return None
-
-    def run_now(self, forward: Forward, ids: np.ndarray, mask: np.ndarray) -> Ran:
-        self.submit(forward, ids, mask)
-        ran = self.wait()
-        assert ran is not None
-        return ran
 
     def wait(self) -> Ran | None:
         if self._in_flight is None:
