@@ -13,7 +13,8 @@ flight as 32 requests of 64, each sent again once answered (the 4096-row queue f
 one row a request; the bulk client runs in a process of its own (in theirs, its bursts of
 answers would hold their answers back). Phases, alternating rounds: the interactive clients
 alone, the bulk alone, both in one class (round-robin between clients: today without classes),
-and the bulk in class 2 (``priority``). A refusal (503) counts apart; the CPU's busy share is
+and the bulk in class 2 (``priority``), on the model and on a variant with interactive forwards
+taking more riders (``class_rider_factor`` MORE_RIDERS). A refusal (503) counts apart; the CPU's busy share is
 measured per phase.
 
 Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
@@ -66,16 +67,21 @@ from tools.triton_server import TritonServer, free_port
 BEGIN, END = "<!-- fairness:begin -->", "<!-- fairness:end -->"
 HEAVY_CONNECTIONS, HEAVY_ROWS, CHUNK = 2, 2048, 64
 LIGHT_CLIENTS = 2
-# (phase, the light clients run, the heavy client's class or 0 for none, on the peer):
-# alternated each round
+# riders the "more riders" phase lets an interactive forward take (``class_rider_factor``): what
+# an engine whose forwards cost much fixed time may set
+MORE_RIDERS = 3
+MORE = f"classes (class_rider_factor {MORE_RIDERS})"
+# (phase, the light clients run, the heavy client's class or 0 for none, the model: the
+# project's, "riders" its variant with MORE_RIDERS, or "peer"): alternated each round
 PHASES = [
-    ("interactive alone", True, 0, False),
-    ("bulk alone", False, 1, False),
-    ("one class", True, 1, False),
-    ("classes", True, 2, False),
-    ("peer: interactive alone", True, 0, True),
-    ("peer: bulk alone", False, 1, True),
-    ("peer: priority levels", True, 2, True),
+    ("interactive alone", True, 0, ""),
+    ("bulk alone", False, 1, ""),
+    ("one class", True, 1, ""),
+    ("classes", True, 2, ""),
+    (MORE, True, 2, "riders"),
+    ("peer: interactive alone", True, 0, "peer"),
+    ("peer: bulk alone", False, 1, "peer"),
+    ("peer: priority levels", True, 2, "peer"),
 ]
 # the simulated loads: interactive clients beside bulk connections of 64-row requests
 SIM_BULK = Load(clients=16, rows=64, client="bulk")
@@ -336,7 +342,11 @@ def served(
     if table is not None:  # the emulated engine stands for a GPU: forwards overlap the rest
         settings["overlap_forwards"] = "on"
     add_variant(repository, "planner_dp", model, table, parameters=settings)
+    riders = model + "_riders"
+    more = {**settings, "class_rider_factor": str(MORE_RIDERS)}
+    add_variant(repository, "planner_dp", riders, table, parameters=more)
     peer = priority_peer(repository, model + "_peer", table)
+    models = {"": model, "riders": riders, "peer": peer}
     served_layout = cost_table(f"manifest:{source}").layout  # the engine's, whatever the times
     longest_ms = 1e3 * max(
         forward_s.seconds(served_layout.max_rows(t), t) for t in served_layout.lengths
@@ -352,7 +362,7 @@ def served(
             ]
         )
     )
-    points = {name: Point(name, peer=on_peer) for name, _, _, on_peer in PHASES}
+    points = {name: Point(name, peer=on == "peer") for name, _, _, on in PHASES}
     with tempfile.TemporaryDirectory() as tmp:
         server = TritonServer(
             repository,
@@ -364,15 +374,18 @@ def served(
                 *client_forward_args(),
                 "--model-control-mode=explicit",
                 f"--load-model={model}",
+                f"--load-model={riders}",
                 f"--load-model={peer}",
             ],
         )
         with server:
-            for name in (model, peer):
+            for name in models.values():
                 asyncio.run(phase(server, name, rows, "warm", True, 1, 2.0, name == peer))
-            for r, (name, light, heavy, on_peer) in alternating(PHASES, rounds):
-                chosen = peer if on_peer else model
-                got = asyncio.run(phase(server, chosen, rows, name, light, heavy, seconds, on_peer))
+            for r, (name, light, heavy, on) in alternating(PHASES, rounds):
+                on_peer = on == "peer"
+                got = asyncio.run(
+                    phase(server, models[on], rows, name, light, heavy, seconds, on_peer)
+                )
                 print(f"{spec} round {r + 1}: {got.row(spec)}", flush=True)
                 points[name].add(got)
     return list(points.values()), longest_ms, light_s
@@ -472,14 +485,15 @@ def main() -> int:
         bound = 2 * by["interactive alone"].percentile(99) + min(
             longest_ms, float(args.class_wait_ms)
         )
-        classes, peer = by["classes"], by["peer: priority levels"]
+        classes, peer, more = by["classes"], by["peer: priority levels"], by[MORE]
         alone = by["bulk alone"].heavy()
         interactive_rows_s = len(classes.latencies_ms) / (args.seconds * args.rounds)
         verdicts.append(
             f"- {spec}: interactive p99 with classes {classes.percentile(99):.1f} ms, bound "
             f"{bound:.1f}; bulk beside the interactive clients {classes.heavy() / alone:.2f} "
-            f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); "
-            f"interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
+            f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); with "
+            f"class_rider_factor {MORE_RIDERS}: p99 {more.percentile(99):.1f} ms, bulk "
+            f"{more.heavy() / alone:.2f} of alone; interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
             f"interactive beside: {interactive_rows_s:.0f} rows/s, their own work "
             f"{interactive_rows_s * light_s:.0%} of the engine even in full forwards; "
             f"{sum(p.refused for p in points)} refused"
