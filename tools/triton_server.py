@@ -101,16 +101,24 @@ def prepare_backend_dir(target: Path = BACKEND_DIR) -> Path:
     return target
 
 
+_GIVEN: set[int] = set()  # the ports free_port has handed out in this process
+
+
 def free_port() -> int:
     """A loopback port free now, below the kernel's ephemeral range: a port from that range can
     be handed out as the local end of an outgoing connection before the server binds it (seen
-    with two test processes: Triton's metrics port taken, every restart failing)."""
+    with two test processes: Triton's metrics port taken, every restart failing). Never one it
+    handed out before in this process: ports asked for together are all bound only later (two
+    listeners of one front door were given the same port)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     for _ in range(200):
         port = random.randrange(10000, max(low, 10001))
+        if port in _GIVEN:
+            continue
+        _GIVEN.add(port)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
