@@ -14,8 +14,8 @@ one row a request; the bulk client runs in a process of its own (in theirs, its 
 answers would hold their answers back). Phases, alternating rounds: the interactive clients
 alone, the bulk alone, both in one class (round-robin between clients: today without classes),
 and the bulk in class 2 (``priority``), on the model and on a variant with interactive forwards
-taking more riders (``class_rider_factor`` MORE_RIDERS). A refusal (503) counts apart; the CPU's busy share is
-measured per phase.
+taking more riders (``class_rider_factor`` MORE_RIDERS). A refusal (503) counts apart; the
+CPU's busy share is measured per phase.
 
 Simulated (``bench.sim``, virtual time, no server): the same kind of loads on the A100 and A30
 tables for the project's planner with and without classes, Triton's dynamic batcher with
@@ -493,7 +493,8 @@ def main() -> int:
             f"{bound:.1f}; bulk beside the interactive clients {classes.heavy() / alone:.2f} "
             f"of alone with classes ({classes.heavy() / peer.heavy():.1f}x the peer's); with "
             f"class_rider_factor {MORE_RIDERS}: p99 {more.percentile(99):.1f} ms, bulk "
-            f"{more.heavy() / alone:.2f} of alone; interactive alone: engine {np.mean(by['interactive alone'].engine_busy):.0%}; "
+            f"{more.heavy() / alone:.2f} of alone; interactive alone: engine "
+            f"{np.mean(by['interactive alone'].engine_busy):.0%}; "
             f"interactive beside: {interactive_rows_s:.0f} rows/s, their own work "
             f"{interactive_rows_s * light_s:.0%} of the engine even in full forwards; "
             f"{sum(p.refused for p in points)} refused"

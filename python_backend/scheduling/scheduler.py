@@ -638,8 +638,9 @@ class Scheduler:
     ) -> tuple[Forward, tuple[np.ndarray, np.ndarray]]:
         """``forward`` and its inputs with the requests that came while the forward before it
         ran, of the highest class waiting where that is above its step's, each where every row
-        of it fits its length (the first of the clients in turn): they would wait for it
-        anyway, and a forward of their own after it would cost its fixed cost again. In a step
+        of it fits its length, or the longer one ``_carrying_length`` finds cheaper (the first
+        of the clients in turn): they would wait for it anyway, and a forward of their own
+        after it would cost its fixed cost again. In a step
         of the highest class waiting, at most all but one of the rows its layout takes there
         (capped: about ``wait_s``), its last rows making room where it is full (their requests
         queued again once no row of theirs is in flight: ``_partial``); in a step serving a
